@@ -1,0 +1,40 @@
+#pragma once
+// The chat format of a model, recognized from its GGUF chat template (ChatML for SmolLM2).
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "model/tokenizer.hpp"
+
+namespace tireless {
+
+class gguf_file;
+
+struct chat_message {
+  std::string role;  // "system", "user" or "assistant"
+  std::string content;
+};
+
+class chat_template {
+ public:
+  // Recognizes the template in tokenizer.chat_template (ChatML, with the default system
+  // message the template inserts when a conversation has none). Throws std::runtime_error
+  // naming the key when the template is of a kind tireless does not know.
+  static chat_template from_gguf(const gguf_file& file, const tokenizer& tok);
+  static chat_template chatml(std::string default_system, const tokenizer& tok);
+
+  // The prompt text for `messages`, ending with the assistant's header when
+  // add_generation_prompt is set.
+  std::string apply(const std::vector<chat_message>& messages, bool add_generation_prompt) const;
+
+  // Tokens that end the assistant's turn (<|im_end|>, <|endoftext|>).
+  const std::vector<token_id>& stop_tokens() const { return stop_tokens_; }
+  const std::string& default_system() const { return default_system_; }
+
+ private:
+  std::string default_system_;
+  std::vector<token_id> stop_tokens_;
+};
+
+}  // namespace tireless
