@@ -41,6 +41,9 @@ struct gguf_array {
   std::vector<gguf_value> values;
 };
 
+// The GGUF type a value was stored as.
+gguf_value_type type_of(const gguf_value& v);
+
 struct gguf_tensor {
   std::string name;
   tensor_type type = tensor_type::f32;
