@@ -22,10 +22,13 @@ class chat_template {
   // message the template inserts when a conversation has none). Throws std::runtime_error
   // naming the key when the template is of a kind tireless does not know.
   static chat_template from_gguf(const gguf_file& file, const tokenizer& tok);
+  // The same from the template's Jinja source; throws std::runtime_error when it is not ChatML.
+  static chat_template from_text(std::string_view jinja, const tokenizer& tok);
   static chat_template chatml(std::string default_system, const tokenizer& tok);
 
   // The prompt text for `messages`, ending with the assistant's header when
-  // add_generation_prompt is set.
+  // add_generation_prompt is set: exactly what the model's Jinja template renders. Throws
+  // std::invalid_argument naming the role when a message is not system, user or assistant.
   std::string apply(const std::vector<chat_message>& messages, bool add_generation_prompt) const;
 
   // Tokens that end the assistant's turn (<|im_end|>, <|endoftext|>).

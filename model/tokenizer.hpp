@@ -20,11 +20,13 @@ struct vocab_data {
   std::string model;                // tokenizer.ggml.model, must be "gpt2"
   std::string pre;                  // tokenizer.ggml.pre ("smollm", "default", ...)
   std::vector<std::string> tokens;  // pieces in GPT-2 byte-to-unicode form
-  std::vector<int32_t> token_types; // 1 normal, 2 unknown, 3 control, 4 user-defined, 6 byte
+  std::vector<int32_t> token_types; // 1 normal, 2 unknown, 3 control, 4 user-defined, 6 byte;
+                                    // empty: all normal
   std::vector<std::string> merges;  // "left right", highest priority first
   std::optional<token_id> bos, eos, eot, pad;
 };
 
+// Immutable once built: its const functions may be called from several threads at once.
 class tokenizer {
  public:
   // Throws std::runtime_error (naming the key) when the metadata is missing or inconsistent,
@@ -36,8 +38,12 @@ class tokenizer {
   tokenizer& operator=(tokenizer&&) noexcept;
   ~tokenizer();
 
-  // Text to ids. With parse_special, control/user-defined token texts in `text` (such as
-  // "<|im_start|>") become their ids; without it they are tokenized as plain text.
+  // Text to ids, as Hugging Face's tokenizer with the same vocabulary, merges and
+  // pre-tokenizer would give them. With parse_special, control/user-defined token texts in
+  // `text` (such as "<|im_start|>") become their ids (leftmost, then longest, match first);
+  // without it they are tokenized as plain text. Bytes that are not valid UTF-8 are encoded
+  // byte by byte, so decode(encode(s, false)) == s, except that a byte the vocabulary has no
+  // token for is dropped (as Hugging Face does; SmolLM2 lacks e.g. 0x04, 0xC0, 0xF5..0xFF).
   std::vector<token_id> encode(std::string_view text, bool parse_special = true) const;
 
   // The bytes a token stands for (for special tokens: their text). May be part of a UTF-8
@@ -57,8 +63,10 @@ class tokenizer {
   std::unique_ptr<impl> impl_;
 };
 
-// Turns a stream of token ids into text that never ends in half a UTF-8 character: bytes of an
-// incomplete character are held until the rest arrives (or flush()).
+// Turns a stream of token ids into valid UTF-8 that never ends in half a character: bytes of
+// an incomplete character are held until the rest arrives (or flush()). Bytes that can never
+// form a character become U+FFFD (one per maximal ill-formed subpart, as Rust's
+// from_utf8_lossy does), so the concatenated output is the lossy UTF-8 of decode(ids).
 class stream_decoder {
  public:
   explicit stream_decoder(const tokenizer& tok) : tok_(&tok) {}
