@@ -1,0 +1,74 @@
+#pragma once
+// The kernels one instruction set provides. Each set lives in its own translation unit,
+// compiled for that instruction set; isa.cpp picks the best the CPU runs.
+
+#include <cstdint>
+#include <string_view>
+
+#include "gpu/cpu/packed_matrix.hpp"
+
+namespace tireless::cpu {
+
+enum class isa { generic, avx2, avx512 };
+std::string_view name(isa i);
+
+// Activations quantized to 8 bits in blocks of 32, one row per token:
+//   q [n][pairs * 64] int8 in kernel order (see packed_matrix.hpp), zero-padded,
+//   d [n][pairs * 2]  block scales, s [n][pairs * 2] block scale times the block's sum of q.
+struct q8_view {
+  const int8_t* q = nullptr;
+  const float* d = nullptr;
+  const float* s = nullptr;
+  int64_t pairs = 0;
+};
+
+// Attention of one sequence's new tokens over its cached keys and values, for one KV head
+// and the query heads that share it.
+struct attention_args {
+  const float* q;        // [n_new][q_stride], head h at q + h * head_dim
+  int64_t q_stride;
+  float* out;            // [n_new][out_stride], same head layout as q
+  int64_t out_stride;
+  int n_new;             // tokens of this step, at positions start_pos .. start_pos + n_new - 1
+  int start_pos;
+  int first_head;        // query heads first_head .. first_head + heads - 1
+  int heads;
+  int head_dim;
+  int block_size;        // tokens per KV block
+  const int32_t* block_table;  // physical block of each logical block
+  const uint16_t* k_base;      // fp16 keys of this layer and KV head: block b at k_base + b * block_stride
+  const uint16_t* v_base;      // fp16 values, same layout
+  int64_t block_stride;        // elements between consecutive physical blocks
+  float scale;                 // 1 / sqrt(head_dim)
+  float* scratch;              // attention_scratch_floats(block_size, head_dim, n_new, heads)
+};
+
+// Scratch an attention call needs: key and value blocks as floats, scores, and the running
+// maximum and sum of each of the n_new * heads query rows.
+inline int64_t attention_scratch_floats(int block_size, int head_dim, int n_new, int heads) {
+  return 2 * static_cast<int64_t>(block_size) * head_dim + block_size +
+         2 * static_cast<int64_t>(n_new) * heads;
+}
+
+struct isa_kernels {
+  isa id;
+  void (*quantize_rows)(const float* x, int64_t n, int64_t cols, int64_t ldx, int8_t* q, float* d,
+                        float* s, int64_t pairs);
+  // y[t * ldy + r] = row r of w · row t of x, for rows of groups [g0, g1), t < n.
+  void (*matmul_q)(const packed_matrix& w, const q8_view& x, int64_t n, int64_t g0, int64_t g1,
+                   float* y, int64_t ldy);
+  void (*matmul_f)(const packed_matrix& w, const float* x, int64_t ldx, int64_t n, int64_t g0,
+                   int64_t g1, float* y, int64_t ldy);
+  void (*attention)(const attention_args& a);
+};
+
+const isa_kernels& generic_kernels();
+const isa_kernels& avx2_kernels();    // only call where the CPU has AVX2, FMA and F16C
+const isa_kernels& avx512_kernels();  // only call where the CPU has AVX-512 F/BW/VL/VNNI
+
+// The best set this CPU runs, or the one named by TIRELESS_CPU_ISA (generic, avx2, avx512).
+const isa_kernels& best_kernels();
+bool cpu_supports(isa i);
+const isa_kernels& kernels_for(isa i);  // requires cpu_supports(i)
+
+}  // namespace tireless::cpu
