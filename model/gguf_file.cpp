@@ -442,6 +442,10 @@ uint32_t gguf_file::version() const { return impl_->version; }
 size_t gguf_file::alignment() const { return impl_->alignment; }
 size_t gguf_file::mapped_bytes() const { return impl_->bytes.size(); }
 
+void gguf_file::release_pages() const {
+  if (impl_->mapping != nullptr) ::madvise(impl_->mapping, impl_->mapping_size, MADV_DONTNEED);
+}
+
 const gguf_value* gguf_file::find(std::string_view key) const {
   auto it = impl_->metadata.find(key);
   return it == impl_->metadata.end() ? nullptr : &it->second;

@@ -96,6 +96,10 @@ class gguf_file {
   // Bytes of the whole mapping (for RSS accounting and tests).
   size_t mapped_bytes() const;
 
+  // Lets the OS drop the file's pages from this process's memory (they come back from the
+  // file when read again): for after the weights were copied into another layout.
+  void release_pages() const;
+
   // Parses a file image held in memory (the fuzz target's entry point); same checks as open().
   static gguf_file parse(std::vector<std::byte> image, std::string display_name);
 

@@ -60,6 +60,11 @@ struct isa_kernels {
   void (*matmul_f)(const packed_matrix& w, const float* x, int64_t ldx, int64_t n, int64_t g0,
                    int64_t g1, float* y, int64_t ldy);
   void (*attention)(const attention_args& a);
+  // out = x / sqrt(mean(x²) + eps) * w, for n values.
+  void (*rms_norm)(const float* x, const float* w, float* out, int64_t n, float eps);
+  // out = silu(g) * u, for n values.
+  void (*silu_mul)(const float* g, const float* u, float* out, int64_t n);
+  void (*floats_to_halves)(const float* src, uint16_t* dst, int64_t n);
 };
 
 const isa_kernels& generic_kernels();

@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cassert>
 #include <vector>
 
 #include "gpu/cpu/half.hpp"
@@ -131,7 +132,9 @@ namespace tireless::cpu {
 
 const isa_kernels& avx2_kernels() {
   static const isa_kernels k{isa::avx2, avx2_impl::quantize_rows_impl, avx2_impl::matmul_q,
-                             avx2_impl::matmul_f_impl, avx2_impl::attention_impl};
+                             avx2_impl::matmul_f_impl, avx2_impl::attention_impl,
+                             avx2_impl::rms_norm_impl, avx2_impl::silu_mul_impl,
+                             avx2_impl::floats_to_halves_impl};
   return k;
 }
 

@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cassert>
 #include <vector>
 
 #include "gpu/cpu/half.hpp"
@@ -136,7 +137,9 @@ namespace tireless::cpu {
 
 const isa_kernels& avx512_kernels() {
   static const isa_kernels k{isa::avx512, avx512_impl::quantize_rows_impl, avx512_impl::matmul_q,
-                             avx512_impl::matmul_f_impl, avx512_impl::attention_impl};
+                             avx512_impl::matmul_f_impl, avx512_impl::attention_impl,
+                             avx512_impl::rms_norm_impl, avx512_impl::silu_mul_impl,
+                             avx512_impl::floats_to_halves_impl};
   return k;
 }
 

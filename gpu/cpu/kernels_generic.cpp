@@ -1,6 +1,7 @@
 // Kernels in portable C++, for CPUs without AVX2 (and as the reference the vector sets are
 // tested against).
 #include <algorithm>
+#include <cassert>
 #include <vector>
 
 #include "gpu/cpu/half.hpp"
@@ -66,7 +67,9 @@ namespace tireless::cpu {
 
 const isa_kernels& generic_kernels() {
   static const isa_kernels k{isa::generic, generic_impl::quantize_rows_impl, generic_impl::matmul_q,
-                             generic_impl::matmul_f_impl, generic_impl::attention_impl};
+                             generic_impl::matmul_f_impl, generic_impl::attention_impl,
+                             generic_impl::rms_norm_impl, generic_impl::silu_mul_impl,
+                             generic_impl::floats_to_halves_impl};
   return k;
 }
 

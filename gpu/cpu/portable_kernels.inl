@@ -116,7 +116,8 @@ void attention_impl(const attention_args& a) {
   }
   const int last_pos = a.start_pos + a.n_new - 1;
   const int n_blocks = last_pos / bs + 1;
-  float kv[256];
+  float kv[512];
+  assert(hd <= 512);
   for (int kb = 0; kb < n_blocks; ++kb) {
     const int first_key = kb * bs;
     const int valid = std::min(bs, last_pos + 1 - first_key);
@@ -174,4 +175,36 @@ void attention_impl(const attention_args& a) {
       for (int e = 0; e < hd; ++e) o[e] *= inv;
     }
   }
+}
+
+void rms_norm_impl(const float* x, const float* w, float* out, int64_t n, float eps) {
+  constexpr int lanes = 16;
+  float acc[lanes] = {};
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    for (int l = 0; l < lanes; ++l) acc[l] = madd(x[i + l], x[i + l], acc[l]);
+  }
+  for (int l = 0; i + l < n; ++l) acc[l] = madd(x[i + l], x[i + l], acc[l]);
+  float sum = 0.0f;
+  for (int l = 0; l < lanes; ++l) sum += acc[l];
+  const float scale = 1.0f / __builtin_sqrtf(sum / static_cast<float>(n) + eps);
+  for (int64_t j = 0; j < n; ++j) out[j] = x[j] * scale * w[j];
+}
+
+void silu_mul_impl(const float* g, const float* u, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float e = exp_nonpositive(-__builtin_fabsf(g[i]));
+    const float sigmoid = g[i] >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+    out[i] = g[i] * sigmoid * u[i];
+  }
+}
+
+void floats_to_halves_impl(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), 0));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = fp32_to_fp16(src[i]);
 }

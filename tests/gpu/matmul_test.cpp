@@ -123,3 +123,46 @@ INSTANTIATE_TEST_SUITE_P(all_sets, matmul_test,
 
 }  // namespace
 }  // namespace tireless::cpu
+
+namespace tireless::cpu {
+namespace {
+
+// The kernels compute exactly Σ_c W[r][c] · x̂[t][c], where x̂ is x rounded to 8 bits per
+// 32-value block (scale max|x| / 127, round half to even); only float summation order differs.
+TEST(matmul_numerics, equal_the_product_with_activations_rounded_to_8_bits) {
+  for (isa which : {isa::generic, isa::avx2, isa::avx512}) {
+    if (!cpu_supports(which)) continue;
+    for (tensor_type type : {tensor_type::q4_0, tensor_type::q4_1, tensor_type::q8_0}) {
+      const int64_t rows = 8, cols = 192, tokens = 5;
+      const auto raw = test::quantize(type, test::random_floats(rows * cols, 21, 0.05f));
+      const auto exact = test::dequantize(type, raw.data(), rows * cols);
+      const packed_matrix w = packed_matrix::pack(type, raw.data(), rows, cols);
+      const auto x = test::random_floats(tokens * cols, 23);
+      thread_pool pool(1);
+      q8_buffer buf(tokens, cols);
+      const q8_view xq = buf.quantize(pool, kernels_for(which), x.data(), tokens, cols, cols);
+      std::vector<float> y(tokens * rows);
+      matmul(pool, kernels_for(which), w, x.data(), cols, &xq, tokens, y.data(), rows);
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (int64_t r = 0; r < rows; ++r) {
+          double want = 0, magnitude = 0;
+          for (int64_t c0 = 0; c0 < cols; c0 += 32) {
+            float amax = 0;
+            for (int64_t c = c0; c < c0 + 32; ++c) amax = std::max(amax, std::fabs(x[t * cols + c]));
+            const float d = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+            for (int64_t c = c0; c < c0 + 32; ++c) {
+              const double xr = std::nearbyint(x[t * cols + c] * inv) * double(d);
+              want += double(exact[r * cols + c]) * xr;
+              magnitude += std::fabs(double(exact[r * cols + c]) * xr);
+            }
+          }
+          ASSERT_NEAR(y[t * rows + r], want, 1e-5 * magnitude + 1e-6)
+              << name(which) << " " << name(type) << " row " << r << " token " << t;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tireless::cpu

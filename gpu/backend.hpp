@@ -1,0 +1,70 @@
+#pragma once
+// What runs a model step: the interface between the engine and a device. No device types
+// here; a step is a plain value that could cross a process boundary unchanged.
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/sampler.hpp"
+#include "model/tokenizer.hpp"
+
+namespace tireless {
+
+// One sequence's share of a step: a chunk of prompt (prefill) or one generated token
+// (decode), appended at positions start_pos .. start_pos + tokens.size() - 1.
+struct sequence_step {
+  uint64_t seq_id = 0;
+  std::span<const token_id> tokens;
+  int32_t start_pos = 0;
+  // Physical KV block of each logical block; covers positions [0, start_pos + tokens.size()).
+  std::span<const int32_t> block_table;
+  bool sample = false;          // choose the next token after the chunk's last position
+  sampling_params sampling;
+  bool want_logits = false;     // also return the last position's logits
+};
+
+struct step_batch {
+  std::vector<sequence_step> seqs;
+  int64_t n_tokens() const {
+    int64_t n = 0;
+    for (const auto& s : seqs) n += static_cast<int64_t>(s.tokens.size());
+    return n;
+  }
+};
+
+struct step_result {
+  std::vector<token_id> next;   // per sequence: the sampled token, or -1
+  std::vector<float> logits;    // [sequences with want_logits][n_vocab], in batch order
+};
+
+struct kv_geometry {
+  int32_t block_size = 16;  // tokens per block
+  int32_t n_blocks = 0;     // blocks in the pool
+  int64_t bytes_per_block = 0;
+};
+
+struct backend_limits {
+  int32_t max_step_tokens = 0;  // tokens per step, summed over sequences
+  int32_t max_step_seqs = 0;    // sequences per step
+  int32_t max_context = 0;      // positions per sequence
+};
+
+class backend {
+ public:
+  virtual ~backend() = default;
+  virtual std::string describe() const = 0;
+  virtual kv_geometry kv() const = 0;
+  virtual backend_limits limits() const = 0;
+  virtual int32_t n_vocab() const = 0;
+
+  // Runs one step. Every sequence's block table must hold the blocks its positions need;
+  // the step writes the new tokens' keys and values into them.
+  virtual void execute(const step_batch& batch, step_result& result) = 0;
+
+  // Copies whole KV blocks (copy-on-write of a shared prefix block), src → dst pairs.
+  virtual void copy_blocks(std::span<const std::pair<int32_t, int32_t>> src_dst) = 0;
+};
+
+}  // namespace tireless

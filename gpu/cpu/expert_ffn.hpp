@@ -1,0 +1,30 @@
+#pragma once
+// The feed-forward of a mixture-of-experts layer, behind an interface that takes routed
+// tokens, so the experts can live in this process or on expert shards elsewhere.
+
+#include <cstdint>
+#include <span>
+
+namespace tireless::cpu {
+
+// Tokens of one layer routed to experts: token t goes to experts[t * k + j] with weight
+// gates[t * k + j], for slots j < k.
+struct routed_tokens {
+  int32_t layer = 0;
+  const float* x = nullptr;  // [n_tokens][ld], the normalized hidden states
+  int64_t n_tokens = 0;
+  int64_t ld = 0;
+  const int32_t* experts = nullptr;
+  const float* gates = nullptr;
+  int32_t k = 0;
+};
+
+class expert_ffn {
+ public:
+  virtual ~expert_ffn() = default;
+  // out[t][:n_embd] = Σ_j gates[t][j] · expert_j(x[t]), the slots summed in order j = 0..k-1
+  // (so the result does not depend on where each expert ran).
+  virtual void run(const routed_tokens& tokens, float* out, int64_t ld_out) = 0;
+};
+
+}  // namespace tireless::cpu

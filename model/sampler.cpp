@@ -1,0 +1,84 @@
+#include "model/sampler.hpp"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+
+namespace tireless {
+
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Uniform in [0, 1) from (seed, draw).
+double uniform(uint64_t seed, uint64_t draw) {
+  const uint64_t bits = splitmix64(splitmix64(seed) ^ (draw * 0xD1B54A32D192ED03ull));
+  return static_cast<double>(bits >> 11) * 0x1.0p-53;
+}
+
+token_id argmax(std::span<const float> logits) {
+  token_id best = 0;
+  for (size_t i = 1; i < logits.size(); ++i) {
+    if (logits[i] > logits[best]) best = static_cast<token_id>(i);
+  }
+  return best;
+}
+
+// Tokens whose probability is below e^-30 of the best one's cannot change a draw in double
+// precision in any realistic way; dropping them keeps the sort short.
+constexpr float negligible_log_ratio = 30.0f;
+
+}  // namespace
+
+token_id sample(std::span<const float> logits, const sampling_params& p, uint64_t draw,
+                sampler_scratch& scratch) {
+  assert(!logits.empty());
+  if (p.temperature <= 0.0f || p.top_k == 1) return argmax(logits);
+  const float max_logit = logits[argmax(logits)];
+  auto& c = scratch.candidates;
+  c.clear();
+  const float floor = max_logit - negligible_log_ratio * p.temperature;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (logits[i] >= floor) c.emplace_back(logits[i], static_cast<token_id>(i));
+  }
+  auto more_likely = [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  if (p.top_k > 0 && static_cast<size_t>(p.top_k) < c.size()) {
+    std::nth_element(c.begin(), c.begin() + p.top_k, c.end(), more_likely);
+    c.resize(static_cast<size_t>(p.top_k));
+  }
+  std::sort(c.begin(), c.end(), more_likely);
+  double total = 0.0;
+  for (auto& [v, id] : c) {
+    v = static_cast<float>(std::exp(static_cast<double>(v - max_logit) / p.temperature));
+    total += v;
+  }
+  size_t keep = c.size();
+  if (p.top_p < 1.0f) {
+    double cumulative = 0.0;
+    for (size_t i = 0; i < c.size(); ++i) {
+      cumulative += c[i].first / total;
+      if (cumulative >= p.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+  }
+  double kept = 0.0;
+  for (size_t i = 0; i < keep; ++i) kept += c[i].first;
+  const double target = uniform(p.seed, draw) * kept;
+  double cumulative = 0.0;
+  for (size_t i = 0; i < keep; ++i) {
+    cumulative += c[i].first;
+    if (target < cumulative) return c[i].second;
+  }
+  return c[keep - 1].second;
+}
+
+}  // namespace tireless

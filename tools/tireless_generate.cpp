@@ -1,0 +1,87 @@
+// tireless-generate: streams a model's answer to the terminal.
+//
+//   tireless-generate --chat "What is the capital of France?"
+//   tireless-generate --prompt "Once upon a time" --max-tokens 64 --temperature 0.8 --seed 1
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <iostream>
+
+#include "gpu/cpu/cpu_backend.hpp"
+#include "gpu/sequence_runner.hpp"
+#include "model/model.hpp"
+#include "model/text_stopper.hpp"
+#include "tools/default_model.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Generate text with a GGUF model on the CPU, streaming tokens as they come."};
+  std::string model_path = tireless::default_model_path();
+  std::string prompt, chat, system;
+  tireless::generation_request req;
+  req.max_tokens = 256;
+  std::vector<std::string> stops;
+  int threads = 0;
+  bool quiet = false;
+  app.add_option("-m,--model", model_path, "GGUF model file")->capture_default_str();
+  auto* p = app.add_option("-p,--prompt", prompt, "raw prompt, sent as is");
+  auto* c = app.add_option("-c,--chat", chat, "a user message, wrapped in the model's chat template");
+  p->excludes(c);
+  app.add_option("--system", system, "system message for --chat (default: the template's own)");
+  app.add_option("-n,--max-tokens", req.max_tokens, "most tokens to generate")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--temperature", req.sampling.temperature, "0 is greedy")->check(CLI::Range(0.0, 100.0))->capture_default_str();
+  app.add_option("--top-k", req.sampling.top_k, "0 keeps all tokens")->check(CLI::NonNegativeNumber);
+  app.add_option("--top-p", req.sampling.top_p, "nucleus sampling mass, in (0, 1]")->check(CLI::Range(1e-6, 1.0));
+  app.add_option("--seed", req.sampling.seed, "random seed for sampling");
+  app.add_option("--stop", stops, "stop string (repeatable)");
+  app.add_option("-t,--threads", threads, "CPU threads (0: one per core)")->check(CLI::NonNegativeNumber);
+  app.add_flag("-q,--quiet", quiet, "no timing line on stderr");
+  CLI11_PARSE(app, argc, argv);
+  if (prompt.empty() && chat.empty()) {
+    std::cerr << "tireless-generate: give --prompt TEXT or --chat MESSAGE\n";
+    return 2;
+  }
+
+  try {
+    auto m = tireless::model::load(model_path);
+    std::string text = prompt;
+    std::vector<tireless::token_id> stop_tokens;
+    if (!chat.empty()) {
+      std::vector<tireless::chat_message> messages;
+      if (!system.empty()) messages.push_back({"system", system});
+      messages.push_back({"user", chat});
+      text = m->chat().apply(messages, true);
+      stop_tokens = m->chat().stop_tokens();
+    } else if (auto eos = m->tok().eos()) {
+      stop_tokens = {*eos};
+    }
+    req.prompt = m->tok().encode(text, true);
+    req.stop_tokens = stop_tokens;
+    tireless::cpu::cpu_backend_options opt;
+    opt.threads = threads;
+    opt.max_context = std::min<int32_t>(m->config().n_ctx_train,
+                                        static_cast<int32_t>(req.prompt.size()) + req.max_tokens);
+    auto backend = tireless::cpu::make_cpu_backend(m, opt);
+    tireless::text_stopper stopper(m->tok(), stop_tokens, stops);
+    tireless::sequence_runner runner(*backend);
+    auto out = runner.run({req}, [&](size_t, tireless::token_id t) {
+      auto piece = stopper.push(t);
+      std::fwrite(piece.text.data(), 1, piece.text.size(), stdout);
+      std::fflush(stdout);
+      return !piece.stopped;
+    });
+    const std::string rest = out[0].stopped ? std::string() : stopper.finish();
+    std::fwrite(rest.data(), 1, rest.size(), stdout);
+    std::fputc('\n', stdout);
+    const auto& s = runner.stats();
+    if (!quiet) {
+      std::fprintf(stderr, "[%s | prompt %lld tokens, %.1f tok/s | generated %zu tokens, %.1f tok/s]\n",
+                   backend->describe().c_str(), static_cast<long long>(s.prefill_tokens),
+                   s.prefill_tokens / std::max(s.prefill_seconds, 1e-9), out[0].tokens.size(),
+                   s.decode_tokens / std::max(s.decode_seconds, 1e-9));
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "tireless-generate: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
