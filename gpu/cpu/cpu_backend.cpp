@@ -75,13 +75,11 @@ class cpu_backend final : public backend {
   void lay_out(const step_batch& batch);
   void embed();
   void attention_block(int layer);
-  void write_kv(int layer);
+  void rope_and_store_kv(int layer);
   void ffn_block(int layer);
   void moe_block(int layer);
   void output(const step_batch& batch, step_result& result);
   const q8_view* quantize_if(bool needed, const float* x, int64_t cols, q8_view& storage);
-  void mm(const packed_matrix& w, const float* x, int64_t cols, const q8_view* xq, float* y,
-          int64_t n_rows);
   template <class F>
   void for_rows(F&& f);
 
@@ -98,7 +96,8 @@ class cpu_backend final : public backend {
   std::unique_ptr<local_experts> own_experts_;
   expert_ffn* experts_ = nullptr;
 
-  // KV pool: [layer][block][kv_head][slot][head_dim] fp16, keys and values apart.
+  // KV pool, fp16, keys and values apart: [layer][block][kv_head] then keys [head_dim][slot]
+  // (so attention reads a block's keys as rows of slots) and values [slot][head_dim].
   int64_t block_stride_ = 0;
   int64_t layer_stride_ = 0;
   std::unique_ptr<zeroed_pages> k_pool_, v_pool_;
@@ -132,8 +131,11 @@ cpu_backend::cpu_backend(std::shared_ptr<const model> m, const cpu_backend_optio
     throw std::invalid_argument(fmt::format("kernels '{}' are not supported by this CPU", name(*o_.kernels)));
   }
   if (o_.max_context <= 0) o_.max_context = c_.n_ctx_train;
-  if (o_.block_size <= 0 || o_.block_size > 256) {
-    throw std::invalid_argument(fmt::format("block_size {} is outside 1..256", o_.block_size));
+  if (o_.block_size <= 0 || o_.block_size > 64) {
+    throw std::invalid_argument(fmt::format("block_size {} is outside 1..64", o_.block_size));
+  }
+  if (c_.head_dim > 256 || c_.head_dim % 2 != 0) {
+    throw std::invalid_argument(fmt::format("head size {} is not supported by the CPU backend (even, at most 256)", c_.head_dim));
   }
   if (o_.max_step_tokens <= 0 || o_.max_step_seqs <= 0) {
     throw std::invalid_argument("max_step_tokens and max_step_seqs must be positive");
@@ -285,7 +287,9 @@ void cpu_backend::lay_out(const step_batch& b) {
 
 template <class F>
 void cpu_backend::for_rows(F&& f) {
-  pool_.parallel_for(n_rows_, std::max<int64_t>(8, n_rows_ / (4 * pool_.size())), [&](int64_t b, int64_t e) {
+  // Per-row work is under a microsecond: small batches run on the caller, without the cost
+  // of waking the workers.
+  pool_.parallel_for(n_rows_, std::max<int64_t>(16, n_rows_ / (4 * pool_.size())), [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) f(r);
   });
 }
@@ -294,11 +298,6 @@ const q8_view* cpu_backend::quantize_if(bool needed, const float* x, int64_t col
   if (!needed) return nullptr;
   storage = q8_.quantize(pool_, k_, x, n_rows_, cols, cols);
   return &storage;
-}
-
-void cpu_backend::mm(const packed_matrix& w, const float* x, int64_t cols, const q8_view* xq,
-                     float* y, int64_t n_rows) {
-  matmul(pool_, k_, w, x, cols, xq, n_rows, y, w.rows());
 }
 
 void cpu_backend::embed() {
@@ -329,21 +328,14 @@ void cpu_backend::attention_block(int layer) {
   for_rows([&](int64_t r) { k_.rms_norm(&x_[r * e], w.attn_norm, &h_[r * e], e, c_.rms_eps); });
   q8_view hq_storage;
   const q8_view* hq = quantize_if(w.wq.quantized() || w.wk.quantized() || w.wv.quantized(), h_.data(), e, hq_storage);
-  mm(w.wq, h_.data(), e, hq, q_.data(), n_rows_);
-  mm(w.wk, h_.data(), e, hq, kx_.data(), n_rows_);
-  mm(w.wv, h_.data(), e, hq, vx_.data(), n_rows_);
-  const int32_t half = c_.rope_dims / 2;
-  for_rows([&](int64_t r) {
-    rope_rows(&q_[r * qd], c_.n_head, c_.head_dim, c_.rope_dims, &cos_[r * half], &sin_[r * half]);
-    rope_rows(&kx_[r * kvd], c_.n_head_kv, c_.head_dim, c_.rope_dims, &cos_[r * half], &sin_[r * half]);
-  });
-  write_kv(layer);
+  const matmul_job qkv[] = {{&w.wq, h_.data(), e, hq, q_.data(), qd, false},
+                            {&w.wk, h_.data(), e, hq, kx_.data(), kvd, false},
+                            {&w.wv, h_.data(), e, hq, vx_.data(), kvd, false}};
+  matmul(pool_, k_, qkv, n_rows_);
+  rope_and_store_kv(layer);
 
   const int32_t group = c_.n_head / c_.n_head_kv;
-  const int64_t scratch_floats = attention_scratch_floats(o_.block_size, c_.head_dim, attention_chunk, group);
   pool_.parallel_for(static_cast<int64_t>(tasks_.size()), 1, [&](int64_t b, int64_t end) {
-    thread_local std::vector<float> scratch;
-    if (static_cast<int64_t>(scratch.size()) < scratch_floats) scratch.resize(scratch_floats);
     for (int64_t i = b; i < end; ++i) {
       const attention_task& t = tasks_[i];
       const sequence_step& s = batch_->seqs[t.seq];
@@ -365,30 +357,31 @@ void cpu_backend::attention_block(int layer) {
       a.v_base = v_pool_->as<uint16_t>() + head_offset;
       a.block_stride = block_stride_;
       a.scale = 1.0f / std::sqrt(static_cast<float>(c_.head_dim));
-      a.scratch = scratch.data();
       k_.attention(a);
     }
   });
 
   q8_view aq_storage;
   const q8_view* aq = quantize_if(w.wo.quantized(), att_.data(), qd, aq_storage);
-  mm(w.wo, att_.data(), qd, aq, tmp_.data(), n_rows_);
-  for_rows([&](int64_t r) {
-    for (int64_t c = 0; c < e; ++c) x_[r * e + c] += tmp_[r * e + c];
-  });
+  matmul(pool_, k_, w.wo, att_.data(), qd, aq, n_rows_, x_.data(), e, true);
 }
 
-void cpu_backend::write_kv(int layer) {
-  const int64_t kvd = c_.kv_dim(), hd = c_.head_dim, bs = o_.block_size;
+void cpu_backend::rope_and_store_kv(int layer) {
+  const int64_t qd = c_.q_dim(), kvd = c_.kv_dim(), hd = c_.head_dim, bs = o_.block_size;
+  const int32_t half = c_.rope_dims / 2;
   uint16_t* kp = k_pool_->as<uint16_t>() + layer * layer_stride_;
   uint16_t* vp = v_pool_->as<uint16_t>() + layer * layer_stride_;
   for_rows([&](int64_t r) {
+    rope_rows(&q_[r * qd], c_.n_head, hd, c_.rope_dims, &cos_[r * half], &sin_[r * half]);
+    rope_rows(&kx_[r * kvd], c_.n_head_kv, hd, c_.rope_dims, &cos_[r * half], &sin_[r * half]);
     const sequence_step& s = batch_->seqs[seq_of_row_[r]];
     const int64_t block = s.block_table[pos_[r] / bs], slot = pos_[r] % bs;
     for (int64_t h = 0; h < c_.n_head_kv; ++h) {
-      const int64_t at = block * block_stride_ + h * bs * hd + slot * hd;
-      k_.floats_to_halves(&kx_[r * kvd + h * hd], kp + at, hd);
-      k_.floats_to_halves(&vx_[r * kvd + h * hd], vp + at, hd);
+      const int64_t head = block * block_stride_ + h * bs * hd;
+      uint16_t key[512];
+      k_.floats_to_halves(&kx_[r * kvd + h * hd], key, hd);
+      for (int64_t e = 0; e < hd; ++e) kp[head + e * bs + slot] = key[e];  // keys: [hd][bs]
+      k_.floats_to_halves(&vx_[r * kvd + h * hd], vp + head + slot * hd, hd);  // values: [bs][hd]
     }
   });
 }
@@ -399,19 +392,20 @@ void cpu_backend::ffn_block(int layer) {
   for_rows([&](int64_t r) { k_.rms_norm(&x_[r * e], w.ffn_norm, &h_[r * e], e, c_.rms_eps); });
   if (c_.is_moe()) {
     moe_block(layer);
-  } else {
-    q8_view hq_storage;
-    const q8_view* hq = quantize_if(w.gate.quantized() || w.up.quantized(), h_.data(), e, hq_storage);
-    mm(w.gate, h_.data(), e, hq, g_.data(), n_rows_);
-    mm(w.up, h_.data(), e, hq, u_.data(), n_rows_);
-    for_rows([&](int64_t r) { k_.silu_mul(&g_[r * ff], &u_[r * ff], &g_[r * ff], ff); });
-    q8_view gq_storage;
-    const q8_view* gq = quantize_if(w.down.quantized(), g_.data(), ff, gq_storage);
-    mm(w.down, g_.data(), ff, gq, tmp_.data(), n_rows_);
+    for_rows([&](int64_t r) {
+      for (int64_t c = 0; c < e; ++c) x_[r * e + c] += tmp_[r * e + c];
+    });
+    return;
   }
-  for_rows([&](int64_t r) {
-    for (int64_t c = 0; c < e; ++c) x_[r * e + c] += tmp_[r * e + c];
-  });
+  q8_view hq_storage;
+  const q8_view* hq = quantize_if(w.gate.quantized() || w.up.quantized(), h_.data(), e, hq_storage);
+  const matmul_job gate_up[] = {{&w.gate, h_.data(), e, hq, g_.data(), ff, false},
+                                {&w.up, h_.data(), e, hq, u_.data(), ff, false}};
+  matmul(pool_, k_, gate_up, n_rows_);
+  for_rows([&](int64_t r) { k_.silu_mul(&g_[r * ff], &u_[r * ff], &g_[r * ff], ff); });
+  q8_view gq_storage;
+  const q8_view* gq = quantize_if(w.down.quantized(), g_.data(), ff, gq_storage);
+  matmul(pool_, k_, w.down, g_.data(), ff, gq, n_rows_, x_.data(), e, true);
 }
 
 // Mixtral routing: softmax over all experts, the top k by probability (lower index first on
@@ -421,7 +415,7 @@ void cpu_backend::moe_block(int layer) {
   const int64_t e = c_.n_embd, n_exp = c_.n_expert, k = c_.n_expert_used;
   q8_view hq_storage;
   const q8_view* hq = quantize_if(w.router.quantized(), h_.data(), e, hq_storage);
-  mm(w.router, h_.data(), e, hq, router_.data(), n_rows_);
+  matmul(pool_, k_, w.router, h_.data(), e, hq, n_rows_, router_.data(), n_exp);
   for_rows([&](int64_t r) {
     const float* logit = &router_[r * n_exp];
     const float top = *std::max_element(logit, logit + n_exp);

@@ -13,13 +13,16 @@ enum class isa { generic, avx2, avx512 };
 std::string_view name(isa i);
 
 // Activations quantized to 8 bits in blocks of 32, one row per token:
-//   q [n][pairs * 64] int8 in kernel order (see packed_matrix.hpp), zero-padded,
-//   d [n][pairs * 2]  block scales, s [n][pairs * 2] block scale times the block's sum of q.
+//   q    [n][blocks * 32] int8, zero-padded
+//   d    [n][blocks] block scales (max|x| / 127)
+//   s    [n][blocks] d times the block's sum of q
+//   qsum [n][blocks] the block's sum of q
 struct q8_view {
   const int8_t* q = nullptr;
   const float* d = nullptr;
   const float* s = nullptr;
-  int64_t pairs = 0;
+  const int32_t* qsum = nullptr;
+  int64_t blocks = 0;
 };
 
 // Attention of one sequence's new tokens over its cached keys and values, for one KV head
@@ -36,29 +39,23 @@ struct attention_args {
   int head_dim;
   int block_size;        // tokens per KV block
   const int32_t* block_table;  // physical block of each logical block
-  const uint16_t* k_base;      // fp16 keys of this layer and KV head: block b at k_base + b * block_stride
-  const uint16_t* v_base;      // fp16 values, same layout
+  const uint16_t* k_base;      // fp16 keys of this layer and KV head: block b at
+                               // k_base + b * block_stride, [head_dim][block_size]
+  const uint16_t* v_base;      // fp16 values, same blocks, [block_size][head_dim]
   int64_t block_stride;        // elements between consecutive physical blocks
   float scale;                 // 1 / sqrt(head_dim)
-  float* scratch;              // attention_scratch_floats(block_size, head_dim, n_new, heads)
 };
-
-// Scratch an attention call needs: key and value blocks as floats, scores, and the running
-// maximum and sum of each of the n_new * heads query rows.
-inline int64_t attention_scratch_floats(int block_size, int head_dim, int n_new, int heads) {
-  return 2 * static_cast<int64_t>(block_size) * head_dim + block_size +
-         2 * static_cast<int64_t>(n_new) * heads;
-}
 
 struct isa_kernels {
   isa id;
   void (*quantize_rows)(const float* x, int64_t n, int64_t cols, int64_t ldx, int8_t* q, float* d,
-                        float* s, int64_t pairs);
-  // y[t * ldy + r] = row r of w · row t of x, for rows of groups [g0, g1), t < n.
+                        float* s, int32_t* qsum, int64_t blocks);
+  // y[t * ldy + r] = row r of w · row t of x (or += with accumulate), for rows of groups
+  // [g0, g1), t < n.
   void (*matmul_q)(const packed_matrix& w, const q8_view& x, int64_t n, int64_t g0, int64_t g1,
-                   float* y, int64_t ldy);
+                   float* y, int64_t ldy, bool accumulate);
   void (*matmul_f)(const packed_matrix& w, const float* x, int64_t ldx, int64_t n, int64_t g0,
-                   int64_t g1, float* y, int64_t ldy);
+                   int64_t g1, float* y, int64_t ldy, bool accumulate);
   void (*attention)(const attention_args& a);
   // out = x / sqrt(mean(x²) + eps) * w, for n values.
   void (*rms_norm)(const float* x, const float* w, float* out, int64_t n, float eps);

@@ -13,47 +13,41 @@ namespace tireless::cpu::generic_impl {
 
 namespace {
 
-// Integer dot product of block b (0 or 1) of row r of a cell with the matching activations.
-int32_t block_dot(tensor_type type, const uint8_t* cell, int r, int b, const int8_t* a) {
+// The integer dot product of row `lane` of a cell with a block of activations, and the
+// correction that makes the weights signed (q4_0: nibble - 8; q8_0: stored q + 128).
+int32_t block_dot(tensor_type type, const uint8_t* cell, int lane, const int8_t* a, int32_t qsum) {
   int32_t sum = 0;
   if (type == tensor_type::q8_0) {
-    const auto* qs = reinterpret_cast<const int8_t*>(cell + r * 64);
-    for (int e = 0; e < 16; ++e) sum += qs[b * 16 + e] * a[b * 16 + e];
-    for (int e = 0; e < 16; ++e) sum += qs[32 + b * 16 + e] * a[32 + b * 16 + e];
-    return sum;
+    for (int e = 0; e < 32; ++e) sum += cell[((e / 4) * 16 + lane) * 4 + e % 4] * a[e];
+    return sum - 128 * qsum;
   }
-  const uint8_t* qs = cell + r * 32 + b * 16;
-  const int offset = type == tensor_type::q4_0 ? 8 : 0;
   for (int e = 0; e < 16; ++e) {
-    sum += ((qs[e] & 15) - offset) * a[b * 16 + e];
-    sum += ((qs[e] >> 4) - offset) * a[32 + b * 16 + e];
+    const uint8_t byte = cell[((e / 4) * 16 + lane) * 4 + e % 4];
+    sum += (byte & 15) * a[e] + (byte >> 4) * a[e + 16];
   }
-  return sum;
+  return type == tensor_type::q4_0 ? sum - 8 * qsum : sum;
 }
 
 void matmul_q(const packed_matrix& w, const q8_view& x, int64_t n, int64_t g0, int64_t g1, float* y,
-              int64_t ldy) {
+              int64_t ldy, bool accumulate) {
   const tensor_type type = w.type();
-  const size_t cell = cell_bytes(type);
-  const size_t qs_bytes = type == tensor_type::q8_0 ? 4 * 64 : 4 * 32;
+  const size_t cell = cell_bytes(type), qs_bytes = cell_qs_bytes(type);
   for (int64_t g = g0; g < g1; ++g) {
-    for (int r = 0; r < 4 && g * 4 + r < w.rows(); ++r) {
+    for (int lane = 0; lane < group_rows && g * group_rows + lane < w.rows(); ++lane) {
       for (int64_t t = 0; t < n; ++t) {
         float acc = 0.0f;
-        for (int64_t p = 0; p < w.pairs(); ++p) {
-          const uint8_t* c = w.group(g) + p * cell;
-          const int8_t* a = x.q + t * x.pairs * 64 + p * 64;
-          for (int b = 0; b < 2; ++b) {
-            const float dw = fp16_to_fp32(load_u16(c + qs_bytes + (r * 2 + b) * 2));
-            const float da = x.d[t * x.pairs * 2 + p * 2 + b];
-            acc = madd(static_cast<float>(block_dot(type, c, r, b, a)), dw * da, acc);
-            if (type == tensor_type::q4_1) {
-              const float mw = fp16_to_fp32(load_u16(c + qs_bytes + 16 + (r * 2 + b) * 2));
-              acc = madd(mw, x.s[t * x.pairs * 2 + p * 2 + b], acc);
-            }
+        for (int64_t b = 0; b < w.blocks(); ++b) {
+          const uint8_t* c = w.group(g) + b * cell;
+          const int64_t at = t * x.blocks + b;
+          const int32_t isum = block_dot(type, c, lane, x.q + at * 32, x.qsum[at]);
+          const float dw = fp16_to_fp32(load_u16(c + qs_bytes + lane * 2));
+          acc = madd(static_cast<float>(isum), dw * x.d[at], acc);
+          if (type == tensor_type::q4_1) {
+            acc = madd(fp16_to_fp32(load_u16(c + qs_bytes + 32 + lane * 2)), x.s[at], acc);
           }
         }
-        y[t * ldy + g * 4 + r] = acc;
+        float& out = y[t * ldy + g * group_rows + lane];
+        out = accumulate ? out + acc : acc;
       }
     }
   }

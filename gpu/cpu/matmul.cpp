@@ -23,41 +23,51 @@ void q8_buffer::free_aligned::operator()(void* p) const { std::free(p); }
 
 q8_buffer::q8_buffer(int64_t max_rows, int64_t max_cols)
     : max_rows_(max_rows),
-      max_pairs_((max_cols + pair_cols - 1) / pair_cols),
-      q_(aligned_array<int8_t>(max_rows * max_pairs_ * pair_cols)),
-      d_(aligned_array<float>(max_rows * max_pairs_ * 2)),
-      s_(aligned_array<float>(max_rows * max_pairs_ * 2)) {}
+      max_blocks_((max_cols + block_cols - 1) / block_cols),
+      q_(aligned_array<int8_t>(max_rows * max_blocks_ * block_cols)),
+      d_(aligned_array<float>(max_rows * max_blocks_)),
+      s_(aligned_array<float>(max_rows * max_blocks_)),
+      qsum_(aligned_array<int32_t>(max_rows * max_blocks_)) {}
 
 q8_view q8_buffer::quantize(thread_pool& pool, const isa_kernels& k, const float* x, int64_t n,
                             int64_t cols, int64_t ldx) {
-  const int64_t pairs = (cols + pair_cols - 1) / pair_cols;
-  assert(n <= max_rows_ && pairs <= max_pairs_);
+  const int64_t blocks = (cols + block_cols - 1) / block_cols;
+  assert(n <= max_rows_ && blocks <= max_blocks_);
   int8_t* q = q_.get();
   float* d = d_.get();
   float* s = s_.get();
-  const int64_t grain = std::max<int64_t>(1, n / (4 * pool.size()));
+  int32_t* qsum = qsum_.get();
+  // Quantizing a row takes well under a microsecond: split only long batches.
+  const int64_t grain = std::max<int64_t>(32, n / (4 * pool.size()));
   pool.parallel_for(n, grain, [&](int64_t b, int64_t e) {
-    k.quantize_rows(x + b * ldx, e - b, cols, ldx, q + b * pairs * pair_cols, d + b * pairs * 2,
-                    s + b * pairs * 2, pairs);
+    k.quantize_rows(x + b * ldx, e - b, cols, ldx, q + b * blocks * block_cols, d + b * blocks,
+                    s + b * blocks, qsum + b * blocks, blocks);
   });
-  return q8_view{q, d, s, pairs};
+  return q8_view{q, d, s, qsum, blocks};
 }
 
-void matmul(thread_pool& pool, const isa_kernels& k, const packed_matrix& w, const float* x,
-            int64_t ldx, const q8_view* xq, int64_t n, float* y, int64_t ldy) {
-  const int64_t groups = w.groups();
+void matmul(thread_pool& pool, const isa_kernels& k, std::span<const matmul_job> jobs, int64_t n) {
+  // Tasks are the row groups of all jobs, numbered job after job.
+  int64_t total = 0;
+  for (const matmul_job& j : jobs) total += j.w->groups();
   // Enough chunks per thread to even out, few enough to keep the hand-out cheap.
-  const int64_t grain = std::max<int64_t>(1, groups / (8 * pool.size()));
-  if (w.quantized()) {
-    assert(xq && xq->pairs == w.pairs());
-    pool.parallel_for(groups, grain, [&](int64_t g0, int64_t g1) {
-      k.matmul_q(w, *xq, n, g0, g1, y, ldy);
-    });
-  } else {
-    pool.parallel_for(groups, grain, [&](int64_t g0, int64_t g1) {
-      k.matmul_f(w, x, ldx, n, g0, g1, y, ldy);
-    });
-  }
+  const int64_t grain = std::max<int64_t>(1, total / (8 * pool.size()));
+  pool.parallel_for(total, grain, [&](int64_t begin, int64_t end) {
+    int64_t first = 0;
+    for (const matmul_job& j : jobs) {
+      const int64_t groups = j.w->groups();
+      const int64_t g0 = std::max(begin - first, int64_t{0}), g1 = std::min(end - first, groups);
+      if (g0 < g1) {
+        if (j.w->quantized()) {
+          assert(j.xq && j.xq->blocks == j.w->blocks());
+          k.matmul_q(*j.w, *j.xq, n, g0, g1, j.y, j.ldy, j.accumulate);
+        } else {
+          k.matmul_f(*j.w, j.x, j.ldx, n, g0, g1, j.y, j.ldy, j.accumulate);
+        }
+      }
+      first += groups;
+    }
+  });
 }
 
 }  // namespace tireless::cpu

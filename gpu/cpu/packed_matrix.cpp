@@ -9,22 +9,13 @@
 
 namespace tireless::cpu {
 
-namespace {
-
-constexpr int64_t block = 32;
-
-size_t qs_bytes_per_row(tensor_type t) { return t == tensor_type::q8_0 ? 64 : 32; }
-
-// Position, inside a 64-column cell in kernel order, of element e (0..31) of block b (0..1).
-int kernel_index(int b, int e) { return (e < 16 ? 0 : 32) + b * 16 + (e & 15); }
-
-}  // namespace
+size_t cell_qs_bytes(tensor_type t) { return t == tensor_type::q8_0 ? 16 * 32 : 16 * 16; }
 
 size_t cell_bytes(tensor_type t) {
   switch (t) {
-    case tensor_type::q4_0: return 4 * 32 + 4 * 2 * 2;
-    case tensor_type::q4_1: return 4 * 32 + 4 * 2 * 2 * 2;
-    case tensor_type::q8_0: return 4 * 64 + 4 * 2 * 2;
+    case tensor_type::q4_0: return cell_qs_bytes(t) + 16 * 2;
+    case tensor_type::q4_1: return cell_qs_bytes(t) + 2 * 16 * 2;
+    case tensor_type::q8_0: return cell_qs_bytes(t) + 16 * 2;
     default: return 0;
   }
 }
@@ -46,7 +37,7 @@ packed_matrix packed_matrix::pack(tensor_type type, const std::byte* data, int64
     m.float_row_bytes_ = row_bytes(type, cols);
     return m;
   }
-  assert(cols % block == 0);
+  assert(cols % block_cols == 0);
   const size_t total = static_cast<size_t>(m.groups()) * m.group_bytes();
   const size_t alloc = (total + 63) / 64 * 64;
   auto* raw = static_cast<uint8_t*>(std::aligned_alloc(64, alloc));
@@ -57,33 +48,23 @@ packed_matrix packed_matrix::pack(tensor_type type, const std::byte* data, int64
   const size_t in_row = row_bytes(type, cols);
   const size_t in_block = block_bytes(type);
   const size_t cell = cell_bytes(type);
-  const size_t qs_row = qs_bytes_per_row(type);
-  const int64_t n_blocks = cols / block;
+  const size_t qs_bytes = cell_qs_bytes(type);
   for (int64_t r = 0; r < rows; ++r) {
     const auto* src_row = reinterpret_cast<const uint8_t*>(data) + r * in_row;
-    const int64_t g = r / group_rows, rr = r % group_rows;
-    for (int64_t b = 0; b < n_blocks; ++b) {
+    const int64_t g = r / group_rows, lane = r % group_rows;
+    for (int64_t b = 0; b < m.blocks(); ++b) {
       const uint8_t* src = src_row + b * in_block;
-      uint8_t* c = raw + g * m.group_bytes() + (b / 2) * cell;
-      const int half = static_cast<int>(b % 2);
-      uint8_t* qs = c + rr * qs_row;
-      uint8_t* d = c + 4 * qs_row + (rr * 2 + half) * 2;
-      switch (type) {
-        case tensor_type::q4_0:
-          std::memcpy(d, src, 2);
-          std::memcpy(qs + half * 16, src + 2, 16);
-          break;
-        case tensor_type::q4_1:
-          std::memcpy(d, src, 2);
-          std::memcpy(d + 4 * 2 * 2, src + 2, 2);  // m follows the d array
-          std::memcpy(qs + half * 16, src + 4, 16);
-          break;
-        case tensor_type::q8_0:
-          std::memcpy(d, src, 2);
-          for (int e = 0; e < 32; ++e) qs[kernel_index(half, e)] = src[2 + e];
-          break;
-        default: assert(false);
+      uint8_t* c = raw + g * m.group_bytes() + b * cell;
+      std::memcpy(c + qs_bytes + lane * 2, src, 2);  // d
+      if (type == tensor_type::q8_0) {
+        for (int chunk = 0; chunk < 8; ++chunk) {
+          for (int e = 0; e < 4; ++e) c[(chunk * 16 + lane) * 4 + e] = src[2 + chunk * 4 + e] ^ 0x80;
+        }
+        continue;
       }
+      const uint8_t* qs = src + (type == tensor_type::q4_1 ? 4 : 2);
+      if (type == tensor_type::q4_1) std::memcpy(c + qs_bytes + 32 + lane * 2, src + 2, 2);  // m
+      for (int chunk = 0; chunk < 4; ++chunk) std::memcpy(c + (chunk * 16 + lane) * 4, qs + chunk * 4, 4);
     }
   }
   return m;
@@ -102,35 +83,24 @@ void packed_matrix::dequantize_row(int64_t r, float* out) const {
     }
     return;
   }
-  const int64_t g = r / group_rows, rr = r % group_rows;
-  const size_t cell = cell_bytes(type_);
-  const size_t qs_row = qs_bytes_per_row(type_);
-  for (int64_t b = 0; b < cols_ / block; ++b) {
-    const uint8_t* c = group(g) + (b / 2) * cell;
-    const int half = static_cast<int>(b % 2);
-    const uint8_t* qs = c + rr * qs_row;
-    const uint8_t* dp = c + 4 * qs_row + (rr * 2 + half) * 2;
-    const float d = fp16_to_fp32(load_u16(dp));
-    float* o = out + b * block;
-    switch (type_) {
-      case tensor_type::q4_0:
-        for (int e = 0; e < 16; ++e) {
-          o[e] = (static_cast<int>(qs[half * 16 + e] & 15) - 8) * d;
-          o[e + 16] = (static_cast<int>(qs[half * 16 + e] >> 4) - 8) * d;
-        }
-        break;
-      case tensor_type::q4_1: {
-        const float mn = fp16_to_fp32(load_u16(dp + 4 * 2 * 2));
-        for (int e = 0; e < 16; ++e) {
-          o[e] = (qs[half * 16 + e] & 15) * d + mn;
-          o[e + 16] = (qs[half * 16 + e] >> 4) * d + mn;
-        }
-        break;
+  const int64_t g = r / group_rows, lane = r % group_rows;
+  const size_t cell = cell_bytes(type_), qs_bytes = cell_qs_bytes(type_);
+  for (int64_t b = 0; b < blocks(); ++b) {
+    const uint8_t* c = group(g) + b * cell;
+    const float d = fp16_to_fp32(load_u16(c + qs_bytes + lane * 2));
+    float* o = out + b * block_cols;
+    if (type_ == tensor_type::q8_0) {
+      for (int e = 0; e < 32; ++e) {
+        o[e] = static_cast<int8_t>(c[((e / 4) * 16 + lane) * 4 + e % 4] ^ 0x80) * d;
       }
-      case tensor_type::q8_0:
-        for (int e = 0; e < 32; ++e) o[e] = static_cast<int8_t>(qs[kernel_index(half, e)]) * d;
-        break;
-      default: assert(false);
+      continue;
+    }
+    const float mn = type_ == tensor_type::q4_1 ? fp16_to_fp32(load_u16(c + qs_bytes + 32 + lane * 2)) : 0.0f;
+    const int offset = type_ == tensor_type::q4_0 ? 8 : 0;
+    for (int e = 0; e < 16; ++e) {
+      const uint8_t byte = c[((e / 4) * 16 + lane) * 4 + e % 4];
+      o[e] = ((byte & 15) - offset) * d + mn;
+      o[e + 16] = ((byte >> 4) - offset) * d + mn;
     }
   }
 }

@@ -1,14 +1,16 @@
 #pragma once
 // A weight matrix [rows][cols] laid out for the CPU matmul kernels.
 //
-// Quantized types are repacked into groups of 4 interleaved rows. A group is a run of
-// cells, one per 64 columns (a pair of 32-element blocks); a cell holds, for its 4 rows:
-//   qs   4-bit: [4][32] bytes, block 0's 16 bytes then block 1's (ggml's nibble order kept)
-//        q8_0:  [4][64] int8, in kernel order (block 0 elements 0-15, block 1 0-15,
-//               block 0 16-31, block 1 16-31)
-//   d    [4][2] fp16 block scales
-//   m    [4][2] fp16 block minimums (q4_1 only)
-// Columns are padded to a multiple of 64 and rows to a multiple of 4 with zero blocks.
+// Quantized types are repacked into groups of 16 rows, so that one SIMD register holds a
+// 4-byte chunk of each of 16 rows and an integer dot-product instruction advances 16 rows'
+// sums at once (rows in lanes; no horizontal sums). A group is a run of cells, one per
+// 32-column block; a cell holds, for its 16 rows:
+//   qs  4-bit: [4][16][4] bytes: chunk c (0..3) of each row = bytes 4c..4c+3 of the row's
+//       ggml block, whose low nibbles are elements 4c..4c+3 and high nibbles 16+4c..16+4c+3
+//       q8_0:  [8][16][4] bytes: chunk c (0..7) = elements 4c..4c+3, stored as q + 128
+//   d   [16] fp16 block scales
+//   m   [16] fp16 block minimums (q4_1 only)
+// Rows are padded to a multiple of 16 with zero blocks.
 // Float types (f32, f16, bf16) are not copied: the matrix points at the file's rows.
 
 #include <cstddef>
@@ -19,11 +21,13 @@
 
 namespace tireless::cpu {
 
-inline constexpr int64_t group_rows = 4;
-inline constexpr int64_t pair_cols = 64;
+inline constexpr int64_t group_rows = 16;
+inline constexpr int64_t block_cols = 32;
 
-// Bytes of one cell for a quantized type.
+// Bytes of one cell (16 rows × one 32-column block) for a quantized type.
 size_t cell_bytes(tensor_type t);
+// Bytes of a cell's qs part.
+size_t cell_qs_bytes(tensor_type t);
 
 class packed_matrix {
  public:
@@ -37,9 +41,9 @@ class packed_matrix {
   bool quantized() const { return is_quantized(type_); }
   int64_t rows() const { return rows_; }
   int64_t cols() const { return cols_; }
-  int64_t pairs() const { return (cols_ + pair_cols - 1) / pair_cols; }
+  int64_t blocks() const { return (cols_ + block_cols - 1) / block_cols; }
   int64_t groups() const { return (rows_ + group_rows - 1) / group_rows; }
-  size_t group_bytes() const { return static_cast<size_t>(pairs()) * cell_bytes(type_); }
+  size_t group_bytes() const { return static_cast<size_t>(blocks()) * cell_bytes(type_); }
 
   const uint8_t* group(int64_t g) const { return packed_.get() + g * group_bytes(); }
   const std::byte* float_row(int64_t r) const { return float_data_ + r * float_row_bytes_; }

@@ -5,6 +5,8 @@
 
 inline float load_half(uint16_t h) { return fp16_to_fp32(h); }
 
+inline float max_of(float a, float b) { return a > b ? a : b; }
+
 // Converts n fp16 values to float.
 inline void halves_to_floats(const uint16_t* src, float* dst, int n) {
   int i = 0;
@@ -45,29 +47,26 @@ inline float exp_nonpositive(float x) {
 }
 
 void quantize_rows_impl(const float* x, int64_t n, int64_t cols, int64_t ldx, int8_t* q, float* d,
-                        float* s, int64_t pairs) {
+                        float* s, int32_t* qsum, int64_t blocks) {
   for (int64_t t = 0; t < n; ++t) {
     const float* xr = x + t * ldx;
-    for (int64_t b = 0; b < pairs * 2; ++b) {
+    for (int64_t b = 0; b < blocks; ++b) {
       float v[32];
       const int64_t c0 = b * 32;
       for (int e = 0; e < 32; ++e) v[e] = c0 + e < cols ? xr[c0 + e] : 0.0f;
       float amax = 0.0f;
-      for (int e = 0; e < 32; ++e) amax = __builtin_fmaxf(amax, __builtin_fabsf(v[e]));
+      for (int e = 0; e < 32; ++e) amax = max_of(amax, __builtin_fabsf(v[e]));
       const float scale = amax / 127.0f;
       const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-      int8_t qv[32];
+      int8_t* qb = q + (t * blocks + b) * 32;
       int32_t sum = 0;
       for (int e = 0; e < 32; ++e) {
-        qv[e] = static_cast<int8_t>(__builtin_nearbyintf(v[e] * inv));
-        sum += qv[e];
+        qb[e] = static_cast<int8_t>(__builtin_nearbyintf(v[e] * inv));
+        sum += qb[e];
       }
-      int8_t* cell = q + t * pairs * 64 + (b / 2) * 64;
-      const int half = static_cast<int>(b % 2);
-      __builtin_memcpy(cell + half * 16, qv, 16);
-      __builtin_memcpy(cell + 32 + half * 16, qv + 16, 16);
-      d[t * pairs * 2 + b] = scale;
-      s[t * pairs * 2 + b] = scale * static_cast<float>(sum);
+      d[t * blocks + b] = scale;
+      s[t * blocks + b] = scale * static_cast<float>(sum);
+      qsum[t * blocks + b] = sum;
     }
   }
 }
@@ -76,7 +75,7 @@ void quantize_rows_impl(const float* x, int64_t n, int64_t cols, int64_t ldx, in
 inline void float_row(const packed_matrix& w, int64_t r, float* out) { w.dequantize_row(r, out); }
 
 void matmul_f_impl(const packed_matrix& w, const float* x, int64_t ldx, int64_t n, int64_t g0,
-                   int64_t g1, float* y, int64_t ldy) {
+                   int64_t g1, float* y, int64_t ldy, bool accumulate) {
   constexpr int lanes = 16;
   thread_local std::vector<float> row;
   row.resize(static_cast<size_t>(w.cols() + lanes));
@@ -93,88 +92,122 @@ void matmul_f_impl(const packed_matrix& w, const float* x, int64_t ldx, int64_t 
       for (int l = 0; c + l < cols; ++l) acc[l] = madd(row[c + l], xr[c + l], acc[l]);
       float sum = 0.0f;
       for (int l = 0; l < lanes; ++l) sum += acc[l];
-      y[t * ldy + r] = sum;
+      y[t * ldy + r] = accumulate ? y[t * ldy + r] + sum : sum;
     }
   }
 }
 
-void attention_impl(const attention_args& a) {
-  const int bs = a.block_size, hd = a.head_dim, heads = a.heads;
-  const int n_rows = a.n_new * heads;
-  float* kt = a.scratch;       // [hd][bs], keys transposed
-  float* vf = kt + hd * bs;    // [bs][hd]
-  float* sc = vf + bs * hd;    // [bs]
-  float* m = a.scratch + attention_scratch_floats(bs, hd, 0, 0);
-  float* l = m + n_rows;
-  for (int i = 0; i < n_rows; ++i) {
-    m[i] = -__builtin_inff();
-    l[i] = 0.0f;
+// Attention for R query rows (R consecutive (token, head) rows of the task) over the keys
+// their tokens see, with online softmax, block by block. HD and BS are the head size and
+// block size when known at compile time, 0 when given at run time. Each row's arithmetic is
+// the same whatever rows share its tile and however many blocks the tile visits (a block a
+// row cannot see leaves its state exactly unchanged), so results do not depend on batching.
+template <int HD, int BS, int R>
+void attention_rows(const attention_args& a, int first_row) {
+  constexpr int max_hd = HD ? HD : 256, max_bs = BS ? BS : 64;
+  const int hd = HD ? HD : a.head_dim, bs = BS ? BS : a.block_size;
+  const float* q[R];
+  float* out[R];
+  int pos[R];
+  for (int r = 0; r < R; ++r) {
+    const int row = first_row + r, i = row / a.heads, hh = row % a.heads;
+    q[r] = a.q + i * a.q_stride + (a.first_head + hh) * hd;
+    out[r] = a.out + i * a.out_stride + (a.first_head + hh) * hd;
+    pos[r] = a.start_pos + i;
   }
-  for (int i = 0; i < a.n_new; ++i) {
-    float* o = a.out + i * a.out_stride + a.first_head * hd;
-    for (int e = 0; e < heads * hd; ++e) o[e] = 0.0f;
+  float acc[R][max_hd];
+  float m[R], l[R];
+  for (int r = 0; r < R; ++r) {
+    m[r] = -__builtin_inff();
+    l[r] = 0.0f;
+    for (int e = 0; e < hd; ++e) acc[r][e] = 0.0f;
   }
-  const int last_pos = a.start_pos + a.n_new - 1;
-  const int n_blocks = last_pos / bs + 1;
-  float kv[512];
-  assert(hd <= 512);
-  for (int kb = 0; kb < n_blocks; ++kb) {
+  const int last_pos = pos[R - 1];
+  float kv[max_hd > max_bs ? max_hd : max_bs];
+  for (int kb = 0; kb <= last_pos / bs; ++kb) {
     const int first_key = kb * bs;
-    const int valid = std::min(bs, last_pos + 1 - first_key);
     const int64_t phys = a.block_table[kb];
-    const uint16_t* kp = a.k_base + phys * a.block_stride;
-    const uint16_t* vp = a.v_base + phys * a.block_stride;
-    for (int j = 0; j < bs; ++j) {
-      if (j < valid) {
-        halves_to_floats(kp + j * hd, kv, hd);
-        for (int e = 0; e < hd; ++e) kt[e * bs + j] = kv[e];
-        halves_to_floats(vp + j * hd, vf + j * hd, hd);
-      } else {
-        for (int e = 0; e < hd; ++e) kt[e * bs + j] = 0.0f;
-        for (int e = 0; e < hd; ++e) vf[j * hd + e] = 0.0f;
-      }
+    const uint16_t* kp = a.k_base + phys * a.block_stride;  // [hd][bs]
+    const uint16_t* vp = a.v_base + phys * a.block_stride;  // [bs][hd]
+    // Scores, two partial sums per row (even and odd dimensions) to overlap FMA latency.
+    float s0[R][max_bs], s1[R][max_bs];
+    for (int r = 0; r < R; ++r) {
+      for (int j = 0; j < bs; ++j) s0[r][j] = s1[r][j] = 0.0f;
     }
-    const int i0 = std::max(0, first_key - a.start_pos);
-    for (int i = i0; i < a.n_new; ++i) {
-      const int n_valid = std::min(bs, a.start_pos + i + 1 - first_key);
-      for (int hh = 0; hh < heads; ++hh) {
-        const int row = i * heads + hh;
-        const float* qv = a.q + i * a.q_stride + (a.first_head + hh) * hd;
-        float* o = a.out + i * a.out_stride + (a.first_head + hh) * hd;
-        for (int j = 0; j < bs; ++j) sc[j] = 0.0f;
-        for (int e = 0; e < hd; ++e) {
-          const float qe = qv[e];
-          for (int j = 0; j < bs; ++j) sc[j] = madd(qe, kt[e * bs + j], sc[j]);
-        }
-        float bmax = -__builtin_inff();
-        for (int j = 0; j < n_valid; ++j) {
-          sc[j] *= a.scale;
-          bmax = __builtin_fmaxf(bmax, sc[j]);
-        }
-        const float m_new = __builtin_fmaxf(m[row], bmax);
-        const float corr = m[row] == -__builtin_inff() ? 0.0f : exp_nonpositive(m[row] - m_new);
-        float sum = 0.0f;
+    for (int e = 0; e < hd; e += 2) {
+      float k0[max_bs], k1[max_bs];
+      halves_to_floats(kp + e * bs, k0, bs);
+      halves_to_floats(kp + (e + 1) * bs, k1, bs);
+      for (int r = 0; r < R; ++r) {
+        const float q0 = q[r][e], q1 = q[r][e + 1];
         for (int j = 0; j < bs; ++j) {
-          sc[j] = j < n_valid ? exp_nonpositive(sc[j] - m_new) : 0.0f;
-          sum += sc[j];
-        }
-        l[row] = madd(l[row], corr, sum);
-        m[row] = m_new;
-        for (int e = 0; e < hd; ++e) o[e] *= corr;
-        for (int j = 0; j < bs; ++j) {
-          const float p = sc[j];
-          for (int e = 0; e < hd; ++e) o[e] = madd(p, vf[j * hd + e], o[e]);
+          s0[r][j] = madd(q0, k0[j], s0[r][j]);
+          s1[r][j] = madd(q1, k1[j], s1[r][j]);
         }
       }
     }
-  }
-  for (int i = 0; i < a.n_new; ++i) {
-    for (int hh = 0; hh < heads; ++hh) {
-      float* o = a.out + i * a.out_stride + (a.first_head + hh) * hd;
-      const float inv = 1.0f / l[i * heads + hh];
-      for (int e = 0; e < hd; ++e) o[e] *= inv;
+    int most_valid = 0;
+    float p[R][max_bs];
+    for (int r = 0; r < R; ++r) {
+      const int n_valid = std::min(bs, pos[r] + 1 - first_key);
+      most_valid = std::max(most_valid, n_valid);
+      float bmax = -__builtin_inff();
+      for (int j = 0; j < bs; ++j) {
+        p[r][j] = (s0[r][j] + s1[r][j]) * a.scale;
+        if (j < n_valid) bmax = max_of(bmax, p[r][j]);
+      }
+      const float m_new = max_of(m[r], bmax);
+      const float corr = m[r] == -__builtin_inff() ? 0.0f : exp_nonpositive(m[r] - m_new);
+      float sum = 0.0f;
+      for (int j = 0; j < bs; ++j) {
+        p[r][j] = j < n_valid ? exp_nonpositive(p[r][j] - m_new) : 0.0f;
+        sum += p[r][j];
+      }
+      l[r] = madd(l[r], corr, sum);
+      m[r] = m_new;
+      for (int e = 0; e < hd; ++e) acc[r][e] *= corr;
+    }
+    for (int j = 0; j < most_valid; ++j) {
+      halves_to_floats(vp + j * hd, kv, hd);
+      for (int r = 0; r < R; ++r) {
+        const float pj = p[r][j];
+        for (int e = 0; e < hd; ++e) acc[r][e] = madd(pj, kv[e], acc[r][e]);
+      }
     }
   }
+  for (int r = 0; r < R; ++r) {
+    const float inv = 1.0f / l[r];
+    for (int e = 0; e < hd; ++e) out[r][e] = acc[r][e] * inv;
+  }
+}
+
+template <int HD, int BS>
+void attention_tiles(const attention_args& a) {
+  constexpr int R = 4;
+  const int n_rows = a.n_new * a.heads;
+  int row = 0;
+  for (; row + R <= n_rows; row += R) attention_rows<HD, BS, R>(a, row);
+  switch (n_rows - row) {
+    case 3: attention_rows<HD, BS, 3>(a, row); break;
+    case 2: attention_rows<HD, BS, 2>(a, row); break;
+    case 1: attention_rows<HD, BS, 1>(a, row); break;
+    default: break;
+  }
+}
+
+void attention_impl(const attention_args& a) {
+  assert(a.head_dim % 2 == 0 && a.head_dim <= 256 && a.block_size <= 64);
+  if (a.block_size == 16) {
+    switch (a.head_dim) {
+      case 64: return attention_tiles<64, 16>(a);
+      case 128: return attention_tiles<128, 16>(a);
+      case 32: return attention_tiles<32, 16>(a);
+      case 16: return attention_tiles<16, 16>(a);
+      default: break;
+    }
+  }
+  if (a.block_size == 32 && a.head_dim == 64) return attention_tiles<64, 32>(a);
+  attention_tiles<0, 0>(a);
 }
 
 void rms_norm_impl(const float* x, const float* w, float* out, int64_t n, float eps) {

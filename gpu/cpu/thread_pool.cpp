@@ -1,21 +1,21 @@
 #include "gpu/cpu/thread_pool.hpp"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cassert>
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#define TIRELESS_PAUSE() _mm_pause()
-#else
-#define TIRELESS_PAUSE() std::this_thread::yield()
-#endif
 
 namespace tireless::cpu {
 
 namespace {
-// Spin this many times waiting for work before sleeping: a decode step issues a few hundred
-// parallel regions a few microseconds apart, too close together for a futex round trip.
-constexpr int spin_iterations = 20000;
+
+// A worker polls this many times for the next job before sleeping: decode steps issue
+// parallel regions a few microseconds apart, too close for a futex round trip each. Plain
+// loads, no PAUSE: under KVM a PAUSE loop triggers pause-loop exits that deschedule the vCPU.
+constexpr int poll_iterations = 200000;
+
+inline uint64_t pack(uint32_t tag, uint32_t index) { return (uint64_t{tag} << 32) | index; }
+
 }  // namespace
 
 thread_pool::thread_pool(int n_threads) {
@@ -25,54 +25,65 @@ thread_pool::thread_pool(int n_threads) {
 
 thread_pool::~thread_pool() {
   stop_.store(true);
-  generation_.fetch_add(1);
-  generation_.notify_all();
+  tag_.fetch_add(1);
+  tag_.notify_all();
   for (auto& w : workers_) w.join();
 }
 
-void thread_pool::run_chunks() {
+void thread_pool::run_chunks(uint32_t tag) {
+  uint64_t cur = next_.load(std::memory_order_acquire);
   for (;;) {
-    int64_t begin = next_.fetch_add(grain_, std::memory_order_relaxed);
-    if (begin >= n_tasks_) return;
-    job_.call(job_.fn, begin, std::min(begin + grain_, n_tasks_));
+    if (static_cast<uint32_t>(cur >> 32) != tag) return;
+    const int64_t begin = static_cast<uint32_t>(cur);
+    const int64_t n_tasks = n_tasks_.load(std::memory_order_relaxed);
+    if (begin >= n_tasks) return;
+    const int64_t end = std::min(begin + grain_.load(std::memory_order_relaxed), n_tasks);
+    if (!next_.compare_exchange_weak(cur, pack(tag, static_cast<uint32_t>(end)),
+                                     std::memory_order_acq_rel)) {
+      continue;
+    }
+    // The claim is valid, so the job cannot change until this chunk is counted done.
+    job_.call(job_.fn, begin, end);
+    done_.fetch_add(end - begin, std::memory_order_acq_rel);
+    cur = next_.load(std::memory_order_acquire);
   }
 }
 
 void thread_pool::run(job fn, int64_t n_tasks, int64_t grain) {
   if (n_tasks <= 0) return;
   grain = std::max<int64_t>(grain, 1);
+  assert(n_tasks < (int64_t{1} << 31));
   if (workers_.empty() || n_tasks <= grain) {
     for (int64_t b = 0; b < n_tasks; b += grain) fn.call(fn.fn, b, std::min(b + grain, n_tasks));
     return;
   }
+  const uint32_t tag = tag_.load(std::memory_order_relaxed) + 1;
   job_ = fn;
-  n_tasks_ = n_tasks;
-  grain_ = grain;
-  next_.store(0, std::memory_order_relaxed);
-  busy_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
-  generation_.fetch_add(1, std::memory_order_release);
-  generation_.notify_all();
-  run_chunks();
-  while (busy_.load(std::memory_order_acquire) != 0) TIRELESS_PAUSE();
+  n_tasks_.store(n_tasks, std::memory_order_relaxed);
+  grain_.store(grain, std::memory_order_relaxed);
+  done_.store(0, std::memory_order_relaxed);
+  next_.store(pack(tag, 0), std::memory_order_release);
+  tag_.store(tag, std::memory_order_release);
+  tag_.notify_all();
+  run_chunks(tag);
+  for (int spins = 0; done_.load(std::memory_order_acquire) < n_tasks; ++spins) {
+    if (spins > 1000) sched_yield();
+  }
 }
 
 void thread_pool::worker_loop() {
-  // Generation 0 is the pool's start: a worker that starts late still sees the first job.
-  uint64_t seen = 0;
+  uint32_t seen = 0;
   for (;;) {
-    int spins = 0;
-    uint64_t now;
-    while ((now = generation_.load(std::memory_order_acquire)) == seen) {
-      if (++spins < spin_iterations) {
-        TIRELESS_PAUSE();
-      } else {
-        generation_.wait(seen, std::memory_order_acquire);
+    uint32_t now = tag_.load(std::memory_order_acquire);
+    for (int polls = 0; now == seen; now = tag_.load(std::memory_order_acquire)) {
+      if (++polls > poll_iterations) {
+        tag_.wait(seen, std::memory_order_acquire);
+        polls = 0;
       }
     }
+    if (stop_.load(std::memory_order_acquire)) return;
     seen = now;
-    if (stop_.load()) return;
-    run_chunks();
-    busy_.fetch_sub(1, std::memory_order_acq_rel);
+    run_chunks(now);
   }
 }
 

@@ -1,11 +1,15 @@
 #pragma once
 // A fixed set of worker threads for the CPU kernels. parallel_for splits a range of tasks
 // between the caller and the workers; which thread runs a task never changes its result.
+//
+// The caller never waits for a worker that has nothing to do: it waits only for chunks
+// that a worker claimed and is running. So a descheduled worker (more busy threads than
+// cores, as under a parallel test run) costs nothing; the caller runs its share instead.
 
 #include <atomic>
 #include <cstdint>
-#include <type_traits>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace tireless::cpu {
@@ -35,15 +39,18 @@ class thread_pool {
   };
   void run(job j, int64_t n_tasks, int64_t grain);
   void worker_loop();
-  void run_chunks();
+  // Claims and runs chunks of job `tag` until none is left.
+  void run_chunks(uint32_t tag);
 
   std::vector<std::thread> workers_;
+  // The job, valid while it has unfinished chunks.
   job job_{};
-  int64_t n_tasks_ = 0;
-  int64_t grain_ = 1;
-  std::atomic<int64_t> next_{0};
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int> busy_{0};
+  std::atomic<int64_t> n_tasks_{0};
+  std::atomic<int64_t> grain_{1};
+  // High 32 bits: the job's tag; low 32 bits: the next chunk to hand out.
+  alignas(64) std::atomic<uint64_t> next_{0};
+  alignas(64) std::atomic<int64_t> done_{0};  // chunks finished in the current job
+  alignas(64) std::atomic<uint32_t> tag_{0};  // bumped for each job; workers wait on it
   std::atomic<bool> stop_{false};
 };
 

@@ -107,7 +107,8 @@ const problem problems[] = {
     {tensor_type::q8_0, 40, 256, 5},  {tensor_type::q4_1, 13, 32, 6},
     {tensor_type::q4_0, 6, 96, 3},    {tensor_type::q8_0, 7, 160, 1},
     {tensor_type::f16, 10, 64, 5},    {tensor_type::f32, 9, 48, 4},
-    {tensor_type::bf16, 12, 64, 3},
+    {tensor_type::bf16, 12, 64, 3},    {tensor_type::q4_1, 48, 64, 21},
+    {tensor_type::q4_0, 33, 96, 17},
 };
 
 std::string problem_name(const ::testing::TestParamInfo<std::tuple<isa, problem>>& info) {
