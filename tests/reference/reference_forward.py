@@ -13,6 +13,23 @@ widened to float64. Computing in float64 makes the reference's own rounding erro
 f16 intermediates, quantized activations as in ggml's q8 dot products). `--dtype float32`
 halves memory and time when that matters more.
 
+Numerics (`--numerics`, constructor argument `numerics`):
+  exact     (default) the float forward pass above: activations enter every matrix product
+            unrounded and the KV cache holds keys and values at full precision.
+  tireless  emulates the roundings that tireless (like llama.cpp) applies by design, so that
+            what remains against tireless is float32 accumulation noise:
+            - before each product with a block-quantized matrix (Q4_0, Q4_1, Q8_0 ...: every
+              type but F32/F16/BF16), including the MoE experts, the router if it is
+              quantized and the output (LM-head) matrix, the activations are rounded to 8 bits
+              per block of 32 values along the input dimension (zero-padded), in float32:
+              amax = max|x|, d = amax / 127, q = round-half-even(x * (127 / amax)), value
+              q * d (an all-zero block stays zero). Float-typed matrices take the float
+              activations.
+            - keys (after RoPE) and values are rounded to fp16 as they enter the KV cache.
+            Float noise still moves the odd value across a rounding boundary. On the tiny test
+            models that leaves most positions within ~1e-5 of tireless. On SmolLM2 the flips
+            cascade, and agreement is only statistical (see check_logits.py).
+
 Semantics (llama.cpp, LLM_ARCH_LLAMA):
   x = token_embd[tokens]
   per layer:
@@ -38,7 +55,9 @@ CLI:
   reference_forward.py --model SmolLM2-135M-Instruct.Q4_1.gguf --make-prompts prompts.json
       regenerates tests/reference/prompts.json (needs `tokenizers`).
 
-Importable: ReferenceModel(path).logits(tokens) / .greedy(tokens, n).
+  --numerics exact|tireless: see Numerics above (default exact).
+
+Importable: ReferenceModel(path[, numerics="tireless"]).logits(tokens) / .greedy(tokens, n).
 """
 
 from __future__ import annotations
@@ -64,6 +83,32 @@ from gguf import GGMLQuantizationType as QT  # noqa: E402
 
 # --------------------------------------------------------------------------------------------
 # Reading and dequantizing
+
+# Types that matrix products read with float activations; every other (block-quantized)
+# type reads activations rounded by q8_round() under the `tireless` numerics.
+FLOAT_TYPES = (QT.F32, QT.F16, QT.BF16)
+NUMERICS = ("exact", "tireless")
+
+
+def q8_round(x: np.ndarray) -> np.ndarray:
+    """x rounded as tireless (and ggml's quantize_row_q8_0) rounds activations for a product
+    with a block-quantized matrix: per block of 32 values along the last axis (zero-padded),
+    in float32, d = amax / 127, q = round-half-even(x * (127 / amax)), value q * d (amax = 0
+    gives 0). Returned in x's dtype."""
+    n = x.shape[-1]
+    x32 = x.astype(np.float32)
+    pad = (-n) % 32
+    if pad:
+        x32 = np.concatenate([x32, np.zeros(x.shape[:-1] + (pad,), np.float32)], axis=-1)
+    b = x32.reshape(x.shape[:-1] + (-1, 32))
+    amax = np.max(np.abs(b), axis=-1, keepdims=True)
+    d = amax / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(b * inv)  # float32 product, round half to even like nearbyintf
+    out = (q * d).reshape(x32.shape)[..., :n]
+    return out.astype(x.dtype)
+
 
 def _field(reader: gguf.GGUFReader, key: str, default=None):
     f = reader.fields.get(key)
@@ -117,9 +162,12 @@ class KVCache:
 
 
 class ReferenceModel:
-    def __init__(self, path: str, dtype=np.float64):
+    def __init__(self, path: str, dtype=np.float64, numerics: str = "exact"):
+        if numerics not in NUMERICS:
+            raise ValueError(f"numerics must be one of {NUMERICS}, not {numerics!r}")
         self.path = path
         self.dtype = np.dtype(dtype)
+        self.numerics = numerics
         self.reader = gguf.GGUFReader(path)
         r = self.reader
         arch = _field(r, "general.architecture")
@@ -175,6 +223,23 @@ class ReferenceModel:
             self._cache[name] = a
         return a
 
+    def act(self, x: np.ndarray, name: str) -> np.ndarray:
+        """The activations a product with weight `name` reads: x itself, or under the
+        `tireless` numerics x rounded by q8_round() when that weight is block-quantized."""
+        if self.numerics == "tireless" and self.tensors[name].tensor_type not in FLOAT_TYPES:
+            return q8_round(x)
+        return x
+
+    def mm(self, x: np.ndarray, name: str) -> np.ndarray:
+        """x @ W.T for the 2-D weight `name`, with the activations act() gives."""
+        return self.act(x, name) @ self.w(name).T
+
+    def kv_round(self, a: np.ndarray) -> np.ndarray:
+        """A key or value as the KV cache stores it: fp16 under the `tireless` numerics."""
+        if self.numerics == "tireless":
+            return a.astype(np.float16).astype(self.dtype)
+        return a
+
     def load_all(self) -> None:
         for name in self.tensors:
             self.w(name)
@@ -212,11 +277,11 @@ class ReferenceModel:
         n = h.shape[0]
         H, KV, D = hp.n_head, hp.n_head_kv, hp.head_dim
         p = f"blk.{il}."
-        q = (h @ self.w(p + "attn_q.weight").T).reshape(n, H, D)
-        k = (h @ self.w(p + "attn_k.weight").T).reshape(n, KV, D)
-        v = (h @ self.w(p + "attn_v.weight").T).reshape(n, KV, D)
+        q = self.mm(h, p + "attn_q.weight").reshape(n, H, D)
+        k = self.mm(h, p + "attn_k.weight").reshape(n, KV, D)
+        v = self.kv_round(self.mm(h, p + "attn_v.weight").reshape(n, KV, D))
         q = self.rope(q, pos)
-        k = self.rope(k, pos)
+        k = self.kv_round(self.rope(k, pos))
         k = k.transpose(1, 0, 2)  # (KV, n, D)
         v = v.transpose(1, 0, 2)
         if len(cache.k) > il:
@@ -236,20 +301,20 @@ class ReferenceModel:
         probs = self.softmax(scores, axis=-1)
         out = np.einsum("kgnt,ktd->kgnd", probs, V)  # (KV, G, n, D)
         out = out.transpose(2, 0, 1, 3).reshape(n, H * D)  # head index = kv * G + g
-        return out @ self.w(p + "attn_output.weight").T
+        return self.mm(out, p + "attn_output.weight")
 
     def ffn(self, il: int, h: np.ndarray) -> np.ndarray:
         p = f"blk.{il}."
         if self.hp.n_expert:
             return self.moe(il, h)
-        g = h @ self.w(p + "ffn_gate.weight").T
-        u = h @ self.w(p + "ffn_up.weight").T
-        return (self.silu(g) * u) @ self.w(p + "ffn_down.weight").T
+        g = self.mm(h, p + "ffn_gate.weight")
+        u = self.mm(h, p + "ffn_up.weight")
+        return self.mm(self.silu(g) * u, p + "ffn_down.weight")
 
     def moe_routing(self, il: int, h: np.ndarray):
         """(experts (n, k) by decreasing probability, weights (n, k) summing to 1)."""
         k = self.hp.n_expert_used
-        logits = h @ self.w(f"blk.{il}.ffn_gate_inp.weight").T  # (n, n_expert)
+        logits = self.mm(h, f"blk.{il}.ffn_gate_inp.weight")  # (n, n_expert)
         probs = self.softmax(logits, axis=-1)
         experts = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
         if self.hp.n_expert > k:
@@ -273,7 +338,10 @@ class ReferenceModel:
             if rows.size == 0:
                 continue
             x = h[rows]
-            y = (self.silu(x @ gate[e].T) * (x @ up[e].T)) @ down[e].T
+            xg = self.act(x, p + "ffn_gate_exps.weight")
+            xu = self.act(x, p + "ffn_up_exps.weight")
+            m = self.silu(xg @ gate[e].T) * (xu @ up[e].T)
+            y = self.act(m, p + "ffn_down_exps.weight") @ down[e].T
             out[rows] += weights[rows, slots][:, None] * y
         return out
 
@@ -301,8 +369,7 @@ class ReferenceModel:
         if last_only:
             x = x[-1:]
         x = self.rmsnorm(x, self.w("output_norm.weight"))
-        out_w = self.w("token_embd.weight" if self.tied else "output.weight")
-        logits = x @ out_w.T
+        logits = self.mm(x, "token_embd.weight" if self.tied else "output.weight")
         assert logits.dtype == self.dtype, logits.dtype  # no silent float32 -> float64 mixing
         return logits
 
@@ -430,13 +497,16 @@ def main(argv=None) -> int:
                     help="greedily generate N tokens and print their ids")
     ap.add_argument("--stop", default="", help="comma-separated ids that end --greedy early")
     ap.add_argument("--dtype", choices=["float64", "float32"], default="float64")
+    ap.add_argument("--numerics", choices=list(NUMERICS), default="exact",
+                    help="exact float activations and KV (default), or tireless's roundings: "
+                         "q8 activations before quantized matrices, fp16 KV cache")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--make-prompts", metavar="JSON",
                     help="write the validation prompts (ids, greedy continuation) and exit")
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
-    model = ReferenceModel(args.model, dtype=np.dtype(args.dtype))
+    model = ReferenceModel(args.model, dtype=np.dtype(args.dtype), numerics=args.numerics)
     if args.make_prompts:
         make_prompts_json(model, args.make_prompts)
         return 0
