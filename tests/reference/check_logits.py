@@ -91,6 +91,7 @@ except ImportError as e:
     sys.exit(SKIP)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 from reference_forward import ReferenceModel  # noqa: E402
 
 TINY_MODELS = ("tiny-dense", "tiny-moe", "tiny-dense-tied")
