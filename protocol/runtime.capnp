@@ -1,0 +1,128 @@
+# The messages between the runtime's actors. In one process they travel as owned Cap'n
+# Proto messages (no re-encoding); across processes the same bytes travel over Cap'n Proto
+# RPC, so an actor can move without its code changing.
+@0xfded03575c71a266;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("tireless::proto");
+
+using Common = import "common.capnp";
+
+# session → admission → engine: a request ready to run.
+struct GenerateRequest {
+  requestId @0 :UInt64;
+  tenant @1 :Text;
+  tier @2 :Text;
+  tierPriority @3 :Int32;       # higher is more important
+  prompt @4 :List(Int32);
+  sampling @5 :Common.Sampling;
+  maxTokens @6 :Int32;
+  stopTokens @7 :List(Int32);
+  arrivalNs @8 :Int64;          # on the runtime's clock
+  deadlineNs @9 :Int64 = -1;    # on the runtime's clock; -1: none
+  tokenWindow @10 :Int32 = 0;   # tokens the engine may send before the session acks; 0: no limit
+}
+
+# engine → session: tokens generated for a request, in order.
+struct TokenChunk {
+  requestId @0 :UInt64;
+  tokens @1 :List(Int32);
+  firstTokenNs @2 :Int64 = -1;  # set on the chunk that carries the first token
+}
+
+# engine → admission: what the engine can take now, and how fast it drains.
+struct Credits {
+  sequences @0 :Int32;          # new requests the engine will accept now
+  prefillTokens @1 :Int32;      # prompt tokens it will accept now
+  freeBlocks @2 :Int32;
+  totalBlocks @3 :Int32;
+  prefillTokensPerSecond @4 :Float64;
+  decodeTokensPerSecond @5 :Float64;
+  stepSeconds @6 :Float64;      # moving average
+  running @7 :Int32;
+  waiting @8 :Int32;
+}
+
+# engine → kv_manager, once per step: what the step needs, in keep order (the entries the
+# engine would keep last come last; they are preempted first).
+struct KvRequest {
+  entries @0 :List(KvEntry);
+  releases @1 :List(UInt64);   # sequences that ended since the last request
+  commits @2 :List(KvCommit);  # sequences whose computed prefix grew
+}
+
+struct KvEntry {
+  seq @0 :UInt64;
+  positions @1 :Int32;         # positions the sequence must hold after this step
+  admit @2 :Bool;              # a new (or preempted) sequence; prompt is set
+  prompt @3 :List(Int32);
+  preemptable @4 :Bool = true; # false when it already used its preemptions
+  writeFrom @5 :Int32;         # the first position this step writes
+}
+
+struct KvCommit {
+  seq @0 :UInt64;
+  tokens @1 :List(Int32);
+  computed @2 :Int32;
+}
+
+struct KvReply {
+  grants @0 :List(KvGrant);    # one per entry, same order
+  preempted @1 :List(UInt64);  # running sequences whose blocks were taken back
+  copies @2 :List(BlockCopy);  # to make before the step
+  freeBlocks @3 :Int32;
+  totalBlocks @4 :Int32;
+  cachedFreeBlocks @5 :Int32;
+}
+
+struct KvGrant {
+  seq @0 :UInt64;
+  granted @1 :Bool;
+  cachedTokens @2 :Int32;      # for admitted sequences: prompt tokens already in the cache
+  table @3 :List(Int32);       # the sequence's whole block table when granted
+}
+
+struct BlockCopy {
+  src @0 :Int32;
+  dst @1 :Int32;
+}
+
+# engine → shard: one step of the model.
+struct StepRequest {
+  stepId @0 :UInt64;
+  seqs @1 :List(SeqStep);
+  copies @2 :List(BlockCopy);
+}
+
+struct SeqStep {
+  seq @0 :UInt64;
+  tokens @1 :List(Int32);
+  startPos @2 :Int32;
+  blockTable @3 :List(Int32);
+  sample @4 :Bool;
+  sampling @5 :Common.Sampling;
+  wantLogits @6 :Bool;
+}
+
+struct StepReply {
+  stepId @0 :UInt64;
+  next @1 :List(Int32);        # per sequence: the sampled token or -1
+  seconds @2 :Float64;         # how long the step took (virtual on the sim backend)
+  logits @3 :Data;             # float32 [sequences with wantLogits][vocab]
+}
+
+# attention shard → expert shard: one MoE layer's routed tokens.
+struct ExpertRequest {
+  layer @0 :Int32;
+  tokens @1 :Int32;
+  width @2 :Int32;
+  x @3 :Data;                  # float32 [tokens][width]
+  experts @4 :List(Int32);     # [tokens][k]
+  gates @5 :List(Float32);     # [tokens][k]
+  k @6 :Int32;
+}
+
+struct ExpertReply {
+  slots @0 :Data;              # float32 [tokens * k][width]; only the slots this shard owns
+  owned @1 :List(Bool);        # [tokens * k]: which slots this shard filled
+}
