@@ -41,6 +41,7 @@ struct Credits {
   stepSeconds @6 :Float64;      # moving average
   running @7 :Int32;
   waiting @8 :Int32;
+  finishedPerSecond @9 :Float64;  # requests the engine completes per second (moving average)
 }
 
 # engine → kv_manager, once per step: what the step needs, in keep order (the entries the

@@ -1,0 +1,296 @@
+#include "actors/engine.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <unordered_map>
+
+#include "actors/actor_stats.hpp"
+#include "actors/messages.hpp"
+#include "actors/wire.hpp"
+
+namespace tireless {
+
+namespace {
+
+int64_t now_ns(caf::local_actor* self) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(self->clock().now().time_since_epoch()).count();
+}
+
+// An exponentially weighted average over a time window.
+struct rate {
+  double value = 0;
+  bool seeded = false;
+  void add(double sample, double dt, double window) {
+    const double w = seeded ? 1.0 - std::exp(-dt / window) : 1.0;
+    value += w * (sample - value);
+    seeded = true;
+  }
+};
+
+struct request_info {
+  caf::actor session;
+  int64_t arrival_ns = 0;
+  int64_t scheduled_ns = -1;
+  int64_t first_token_ns = -1;
+};
+
+struct engine_state {
+  engine_options o;
+  std::unique_ptr<batch_scheduler> core;
+  caf::actor kv, shard, admission;
+  std::unordered_map<seq_id, request_info> requests;
+  bool stepping = false;
+  uint64_t step_id = 0;
+  uint64_t steps = 0;
+  int64_t received = 0;  // generate messages received, for admission's credit arithmetic
+  int32_t free_blocks = 0, total_blocks = 0;
+  rate step_seconds, prefill_rate, decode_rate, finish_rate;
+  int32_t last_sequences_credit = -1, last_tokens_credit = -1;
+  mailbox_stats mailbox{"engine"};
+};
+
+using self_ptr = caf::stateful_actor<engine_state>*;
+
+void kick(self_ptr self);
+
+void send_outcome(self_ptr self, seq_id id, const scheduler_event& e) {
+  auto it = self->state.requests.find(id);
+  if (it == self->state.requests.end()) return;
+  const request_info& info = it->second;
+  outcome_msg m(64);
+  auto b = m.init();
+  b.setRequestId(id);
+  auto c = b.initCompleted();
+  switch (e.reason) {
+    case finish_reason::stop_token: c.setReason(proto::Completion::Reason::STOP_TOKEN); break;
+    case finish_reason::max_tokens: c.setReason(proto::Completion::Reason::MAX_TOKENS); break;
+    case finish_reason::context_full: c.setReason(proto::Completion::Reason::CONTEXT_FULL); break;
+    case finish_reason::cancelled: break;
+  }
+  auto u = b.initUsage();
+  u.setPromptTokens(e.prompt_tokens);
+  u.setCompletionTokens(e.generated);
+  u.setCachedPromptTokens(e.cached_tokens);
+  u.setPreemptions(e.preemptions);
+  auto t = b.initTimings();
+  const int64_t end = now_ns(self);
+  t.setQueuedMs(info.scheduled_ns >= 0 ? (info.scheduled_ns - info.arrival_ns) / 1e6 : 0.0);
+  t.setTimeToFirstTokenMs(info.first_token_ns >= 0 ? (info.first_token_ns - info.arrival_ns) / 1e6 : -1.0);
+  t.setTotalMs((end - info.arrival_ns) / 1e6);
+  self->send(info.session, std::move(m));
+  self->state.requests.erase(it);
+}
+
+void dispatch(self_ptr self, const std::vector<scheduler_event>& events) {
+  const int64_t now = now_ns(self);
+  for (const scheduler_event& e : events) {
+    auto it = self->state.requests.find(e.seq);
+    if (it == self->state.requests.end()) continue;
+    if (e.what == scheduler_event::kind::tokens) {
+      tokens_msg m(32);
+      auto b = m.init();
+      b.setRequestId(e.seq);
+      auto list = b.initTokens(static_cast<unsigned>(e.tokens.size()));
+      for (unsigned i = 0; i < e.tokens.size(); ++i) list.set(i, e.tokens[i]);
+      if (it->second.first_token_ns < 0) {
+        it->second.first_token_ns = now;
+        b.setFirstTokenNs(now);
+      }
+      self->send(it->second.session, std::move(m));
+    } else if (e.what == scheduler_event::kind::finished) {
+      send_outcome(self, e.seq, e);
+    }
+  }
+}
+
+void send_credits(self_ptr self) {
+  auto& st = self->state;
+  const sequence_counts c = st.core->counts();
+  const int32_t seqs = std::max(0, st.o.max_waiting - c.waiting);
+  const int32_t tokens = static_cast<int32_t>(std::max<int64_t>(0, st.o.max_waiting_tokens - c.waiting_prompt_tokens));
+  credits_msg m(32);
+  auto b = m.init();
+  b.setSequences(seqs);
+  b.setPrefillTokens(tokens);
+  b.setFreeBlocks(st.free_blocks);
+  b.setTotalBlocks(st.total_blocks);
+  b.setPrefillTokensPerSecond(st.prefill_rate.value);
+  b.setDecodeTokensPerSecond(st.decode_rate.value);
+  b.setStepSeconds(st.step_seconds.value);
+  b.setRunning(c.running);
+  b.setWaiting(c.waiting);
+  b.setFinishedPerSecond(st.finish_rate.value);
+  self->send(st.admission, std::move(m), st.received);
+}
+
+void fail_batch(self_ptr self, const step_batch& batch, const std::string& why) {
+  for (const sequence_step& s : batch.seqs) {
+    auto it = self->state.requests.find(s.seq_id);
+    if (it == self->state.requests.end()) continue;
+    outcome_msg m(64);
+    auto b = m.init();
+    b.setRequestId(s.seq_id);
+    b.initFailed().setMessage(why);
+    self->send(it->second.session, std::move(m));
+    self->state.requests.erase(it);
+    self->state.core->cancel(s.seq_id);
+  }
+}
+
+void run_step(self_ptr self, step_request_msg msg, step_batch batch, int attempt) {
+  const int64_t t0 = now_ns(self);
+  self->request(self->state.shard, caf::infinite, msg)
+      .then(
+          [=](const step_reply_msg& reply) {
+            auto& st = self->state;
+            step_result result;
+            unpack(reply.get(), result);
+            const double seconds = reply.get().getSeconds();
+            int64_t prefill = 0, decode = 0;
+            for (const sequence_step& s : batch.seqs) {
+              (s.tokens.size() == 1 && s.sample ? decode : prefill) += static_cast<int64_t>(s.tokens.size());
+            }
+            const double dt = std::max(seconds, 1e-9);
+            st.step_seconds.add(seconds, dt, st.o.rate_window_seconds);
+            if (prefill > 0) st.prefill_rate.add(prefill / dt, dt, st.o.rate_window_seconds);
+            if (decode > 0) st.decode_rate.add(decode / dt, dt, st.o.rate_window_seconds);
+            ++st.steps;
+            (void)t0;
+            const auto events = st.core->commit(result);
+            const auto finished = std::count_if(events.begin(), events.end(), [](const scheduler_event& e) {
+              return e.what == scheduler_event::kind::finished;
+            });
+            st.finish_rate.add(finished / dt, dt, st.o.rate_window_seconds);
+            dispatch(self, events);
+            st.stepping = false;
+            send_credits(self);
+            kick(self);
+          },
+          [=](caf::error&) {
+            if (attempt < self->state.o.step_retries) {
+              run_step(self, msg, batch, attempt + 1);
+              return;
+            }
+            fail_batch(self, batch, "the model shard failed repeatedly while running this request");
+            self->state.core->commit(step_result{std::vector<token_id>(batch.seqs.size(), -1), {}});
+            self->state.stepping = false;
+            kick(self);
+          });
+}
+
+// When nothing can run while requests wait and none runs, the pool cannot hold the first
+// waiting request at all: fail it rather than wait forever.
+void fail_unplaceable(self_ptr self, const kv_request& req, const kv_reply& reply) {
+  if (self->state.core->counts().running > 0) return;
+  for (size_t i = 0; i < req.entries.size(); ++i) {
+    if (!req.entries[i].admit || reply.grants[i].granted) continue;
+    const seq_id id = req.entries[i].seq;
+    auto it = self->state.requests.find(id);
+    if (it != self->state.requests.end()) {
+      outcome_msg m(64);
+      auto b = m.init();
+      b.setRequestId(id);
+      b.initFailed().setMessage("the request needs more KV cache than the pool holds; use a shorter prompt "
+                                "or max_tokens, or configure more KV memory");
+      self->send(it->second.session, std::move(m));
+      self->state.requests.erase(it);
+    }
+    self->state.core->cancel(id);
+    return;
+  }
+}
+
+void kick(self_ptr self) {
+  auto& st = self->state;
+  if (st.stepping || !st.core->has_work()) return;
+  st.stepping = true;
+  kv_request req = st.core->propose();
+  self->request(st.kv, caf::infinite, to_wire(req))
+      .then(
+          [=](const kv_reply_msg& reply_msg) {
+            auto& st = self->state;
+            kv_reply reply = from_wire(reply_msg.get());
+            st.free_blocks = reply.stats.free;
+            st.total_blocks = reply.stats.total;
+            step_batch batch = st.core->finalize(reply);
+            const int64_t now = now_ns(self);
+            for (const sequence_step& s : batch.seqs) {
+              auto it = st.requests.find(s.seq_id);
+              if (it != st.requests.end() && it->second.scheduled_ns < 0) it->second.scheduled_ns = now;
+            }
+            if (batch.seqs.empty()) {
+              dispatch(self, st.core->commit(step_result{}));
+              st.stepping = false;
+              fail_unplaceable(self, req, reply);
+              send_credits(self);
+              return;
+            }
+            // Spans in `batch` point into the scheduler's sequences, which stay put until
+            // commit; the message carries copies.
+            run_step(self, to_wire(++st.step_id, batch, reply.copies), batch, 0);
+          },
+          [=](caf::error&) {
+            self->state.stepping = false;
+            self->quit(caf::sec::runtime_error);
+          });
+}
+
+caf::behavior engine(self_ptr self, engine_options o, caf::actor kv, caf::actor shard,
+                     caf::actor admission) {
+  auto& st = self->state;
+  st.o = o;
+  st.core = std::make_unique<batch_scheduler>(o.limits);
+  st.kv = kv;
+  st.shard = shard;
+  st.admission = admission;
+  send_credits(self);
+  return {
+      [=](generate_atom, const generate_msg& msg, const caf::actor& session) {
+        note_mailbox(self->state.mailbox, self->mailbox().size());
+        auto& st = self->state;
+        ++st.received;
+        const auto r = msg.get();
+        sequence_spec spec;
+        spec.id = r.getRequestId();
+        spec.priority = r.getTierPriority();
+        spec.arrival = static_cast<uint64_t>(r.getArrivalNs());
+        for (auto t : r.getPrompt()) spec.prompt.push_back(t);
+        spec.sampling = sampling_of(r.getSampling());
+        spec.max_tokens = r.getMaxTokens();
+        for (auto t : r.getStopTokens()) spec.stop_tokens.push_back(t);
+        spec.token_window = r.getTokenWindow();
+        st.requests[spec.id] = request_info{session, r.getArrivalNs(), -1, -1};
+        st.core->add(std::move(spec));
+        kick(self);
+      },
+      [=](cancel_atom, uint64_t id) {
+        note_mailbox(self->state.mailbox, self->mailbox().size());
+        self->state.core->cancel(id);
+        self->state.requests.erase(id);
+        send_credits(self);
+        kick(self);
+      },
+      [=](ack_atom, uint64_t id, int32_t n) {
+        note_mailbox(self->state.mailbox, self->mailbox().size());
+        self->state.core->acknowledge(id, n);
+        kick(self);
+      },
+      [=](stats_atom) {
+        note_mailbox(self->state.mailbox, self->mailbox().size());
+        const sequence_counts c = self->state.core->counts();
+        return caf::make_message(c.running, c.waiting, static_cast<int64_t>(self->state.steps),
+                                 self->state.mailbox.max_mailbox);
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_engine(caf::actor_system& sys, engine_options options, caf::actor kv_manager,
+                        caf::actor shard, caf::actor admission) {
+  return sys.spawn(engine, std::move(options), std::move(kv_manager), std::move(shard),
+                   std::move(admission));
+}
+
+}  // namespace tireless

@@ -1,0 +1,255 @@
+#include "actors/session.hpp"
+
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "actors/messages.hpp"
+#include "actors/wire.hpp"
+#include "model/model.hpp"
+#include "model/text_stopper.hpp"
+
+namespace tireless {
+
+namespace {
+
+int64_t now_ns(caf::local_actor* self) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(self->clock().now().time_since_epoch()).count();
+}
+
+const char* completion_reason(proto::Completion::Reason r) {
+  switch (r) {
+    case proto::Completion::Reason::STOP_TOKEN: return "stop_token";
+    case proto::Completion::Reason::STOP_STRING: return "stop_string";
+    case proto::Completion::Reason::MAX_TOKENS: return "max_tokens";
+    case proto::Completion::Reason::CONTEXT_FULL: return "context_full";
+  }
+  return "completed";
+}
+
+const char* rejection_reason(proto::Rejection::Reason r) {
+  switch (r) {
+    case proto::Rejection::Reason::OVERLOADED: return "overloaded";
+    case proto::Rejection::Reason::QUOTA_EXCEEDED: return "quota_exceeded";
+    case proto::Rejection::Reason::UNAUTHENTICATED: return "unauthenticated";
+    case proto::Rejection::Reason::INVALID: return "invalid";
+    case proto::Rejection::Reason::PROMPT_TOO_LONG: return "prompt_too_long";
+    case proto::Rejection::Reason::SHUTTING_DOWN: return "shutting_down";
+  }
+  return "rejected";
+}
+
+const char* cancellation_reason(proto::Cancellation::Reason r) {
+  switch (r) {
+    case proto::Cancellation::Reason::CLIENT: return "client";
+    case proto::Cancellation::Reason::DEADLINE: return "deadline";
+    case proto::Cancellation::Reason::SHUTDOWN: return "shutdown";
+  }
+  return "cancelled";
+}
+
+struct session_state {
+  session_options o;
+  std::unique_ptr<text_stopper> stopper;
+  std::vector<token_id> stop_tokens;
+  std::string text;
+  std::vector<int32_t> tokens;
+  int64_t start_ns = 0;
+  int64_t first_token_ns = -1;
+  int32_t prompt_tokens = 0;
+  caf::actor engine;  // learned from the first tokens
+};
+
+using self_ptr = caf::stateful_actor<session_state>*;
+
+outcome base_outcome(self_ptr self, outcome_kind kind, std::string reason, std::string message = {}) {
+  outcome o;
+  o.kind = kind;
+  o.reason = std::move(reason);
+  o.message = std::move(message);
+  o.text = self->state.text;
+  o.tokens = self->state.tokens;
+  o.prompt_tokens = self->state.prompt_tokens;
+  o.completion_tokens = static_cast<int32_t>(self->state.tokens.size());
+  o.total_ms = (now_ns(self) - self->state.start_ns) / 1e6;
+  if (self->state.first_token_ns >= 0) o.time_to_first_token_ms = (self->state.first_token_ns - self->state.start_ns) / 1e6;
+  return o;
+}
+
+// Ends the session with `o` as the request's outcome; tells the request's holder (admission
+// or, through it, the engine) to let go when `cancel_downstream`.
+void finish(self_ptr self, outcome o, bool cancel_downstream) {
+  self->state.o.reporter->report(std::move(o));
+  if (cancel_downstream) self->send(self->state.o.admission, cancel_atom::value, self->state.o.reporter->id());
+  self->quit();
+}
+
+// The prompt as token ids, or a rejection message.
+std::string build_prompt(session_state& st, std::vector<token_id>& ids) {
+  const request& r = st.o.req;
+  const int forms = !r.messages.empty() + !r.prompt.empty() + !r.prompt_tokens.empty();
+  if (forms != 1) return "give exactly one of messages, prompt or prompt_tokens";
+  if (!r.prompt_tokens.empty()) {
+    ids.assign(r.prompt_tokens.begin(), r.prompt_tokens.end());
+    const int32_t vocab = st.o.lm ? st.o.lm->config().n_vocab : INT32_MAX;
+    for (token_id t : ids) {
+      if (t < 0 || t >= vocab) return fmt::format("prompt token {} is outside the vocabulary (0..{})", t, vocab - 1);
+    }
+    return {};
+  }
+  if (!st.o.lm) return "this backend has no tokenizer: send prompt_tokens";
+  std::string text = r.prompt;
+  if (!r.messages.empty()) {
+    std::vector<chat_message> chat;
+    for (const message& m : r.messages) {
+      if (m.role != "system" && m.role != "user" && m.role != "assistant")
+        return fmt::format("message role '{}' is not one of system, user, assistant", m.role);
+      chat.push_back({m.role, m.content});
+    }
+    text = st.o.lm->chat().apply(chat, true);
+    st.stop_tokens = st.o.lm->chat().stop_tokens();
+  } else if (auto eos = st.o.lm->tok().eos()) {
+    st.stop_tokens = {*eos};
+  }
+  ids = st.o.lm->tok().encode(text, !r.messages.empty());
+  if (ids.empty()) return "the prompt is empty";
+  return {};
+}
+
+// Checks the request and sends it to admission; false when it was refused here.
+bool start(self_ptr self) {
+  auto& st = self->state;
+  st.start_ns = now_ns(self);
+  const request& r = st.o.req;
+  std::vector<token_id> prompt;
+  std::string error = build_prompt(st, prompt);
+  const int32_t max_tokens = r.max_tokens > 0 ? r.max_tokens : st.o.default_max_tokens;
+  if (error.empty() && r.max_tokens < 0) error = "max_tokens must be positive";
+  if (error.empty() && !(r.sampling.temperature >= 0.0f && r.sampling.temperature <= 100.0f))
+    error = "temperature must be a number in [0, 100]";
+  if (error.empty() && !(r.sampling.top_p > 0.0f && r.sampling.top_p <= 1.0f)) error = "top_p must be in (0, 1]";
+  if (error.empty() && r.sampling.top_k < 0) error = "top_k must be 0 or positive";
+  if (error.empty() && !st.o.lm && !r.stop.empty()) error = "stop sequences need a tokenizer; this backend has none";
+  if (!error.empty()) {
+    finish(self, base_outcome(self, outcome_kind::rejected, "invalid", error), false);
+    return false;
+  }
+  st.prompt_tokens = static_cast<int32_t>(prompt.size());
+  const int32_t limit = std::min(st.o.max_prompt_tokens > 0 ? st.o.max_prompt_tokens : INT32_MAX, st.o.max_context - 1);
+  if (st.prompt_tokens > limit) {
+    finish(self, base_outcome(self, outcome_kind::rejected, "prompt_too_long",
+                              fmt::format("the prompt has {} tokens; at most {} are accepted. Split it into "
+                                          "smaller requests", st.prompt_tokens, limit)), false);
+    return false;
+  }
+  if (st.prompt_tokens + max_tokens > st.o.max_context) {
+    finish(self, base_outcome(self, outcome_kind::rejected, "invalid",
+                              fmt::format("prompt ({} tokens) plus max_tokens ({}) exceeds the context of {} "
+                                          "tokens; lower max_tokens", st.prompt_tokens, max_tokens, st.o.max_context)), false);
+    return false;
+  }
+  if (st.o.lm) st.stopper = std::make_unique<text_stopper>(st.o.lm->tok(), st.stop_tokens, r.stop);
+
+  generate_msg m(static_cast<unsigned>(64 + prompt.size() / 2));
+  auto b = m.init();
+  b.setRequestId(st.o.reporter->id());
+  b.setTenant(st.o.tenant);
+  b.setTier(st.o.tier);
+  b.setTierPriority(st.o.tier_priority);
+  auto p = b.initPrompt(static_cast<unsigned>(prompt.size()));
+  for (unsigned i = 0; i < prompt.size(); ++i) p.set(i, prompt[i]);
+  set_sampling(b.initSampling(), {r.sampling.temperature, r.sampling.top_k, r.sampling.top_p, r.sampling.seed});
+  b.setMaxTokens(max_tokens);
+  auto stops = b.initStopTokens(static_cast<unsigned>(st.stop_tokens.size()));
+  for (unsigned i = 0; i < st.stop_tokens.size(); ++i) stops.set(i, st.stop_tokens[i]);
+  b.setArrivalNs(st.start_ns);
+  if (r.timeout.count() > 0) b.setDeadlineNs(st.start_ns + std::chrono::nanoseconds(r.timeout).count());
+  b.setTokenWindow(r.token_window);
+  self->send(st.o.admission, generate_atom::value, std::move(m), caf::actor_cast<caf::actor>(self));
+  if (r.timeout.count() > 0) self->delayed_send(self, r.timeout, deadline_atom::value);
+  return true;
+}
+
+void on_tokens(self_ptr self, const tokens_msg& msg) {
+  auto& st = self->state;
+  if (!st.engine) st.engine = caf::actor_cast<caf::actor>(self->current_sender());
+  const auto r = msg.get();
+  if (st.first_token_ns < 0) st.first_token_ns = now_ns(self);
+  token_event e;
+  e.request_id = st.o.reporter->id();
+  bool stop_string = false;
+  for (token_id t : r.getTokens()) {
+    st.tokens.push_back(t);
+    e.tokens.push_back(t);
+    if (!st.stopper) continue;
+    const bool stop_token = std::find(st.stop_tokens.begin(), st.stop_tokens.end(), t) != st.stop_tokens.end();
+    auto piece = st.stopper->push(t);
+    e.text += piece.text;
+    if (piece.stopped && !stop_token) stop_string = true;
+  }
+  st.text += e.text;
+  st.o.reporter->tokens(e);
+  if (stop_string) {
+    finish(self, base_outcome(self, outcome_kind::completed, "stop_string"), true);
+    return;
+  }
+  if (st.o.req.token_window > 0 && st.engine) {
+    self->send(st.engine, ack_atom::value, st.o.reporter->id(), static_cast<int32_t>(r.getTokens().size()));
+  }
+}
+
+void on_outcome(self_ptr self, const outcome_msg& msg) {
+  auto& st = self->state;
+  const auto r = msg.get();
+  outcome o;
+  switch (r.which()) {
+    case proto::Outcome::COMPLETED: {
+      if (st.stopper) st.text += st.stopper->finish();
+      o = base_outcome(self, outcome_kind::completed, completion_reason(r.getCompleted().getReason()));
+      break;
+    }
+    case proto::Outcome::REJECTED:
+      o = base_outcome(self, outcome_kind::rejected, rejection_reason(r.getRejected().getReason()),
+                       r.getRejected().getMessage());
+      o.retry_after_ms = r.getRejected().getRetryAfterMs();
+      break;
+    case proto::Outcome::CANCELLED:
+      o = base_outcome(self, outcome_kind::cancelled, cancellation_reason(r.getCancelled().getReason()));
+      break;
+    case proto::Outcome::FAILED:
+      o = base_outcome(self, outcome_kind::failed, "error", r.getFailed().getMessage());
+      break;
+  }
+  for (auto d : r.getDegradations()) o.degradations.emplace_back(d.cStr());
+  if (r.hasUsage()) {
+    o.cached_prompt_tokens = r.getUsage().getCachedPromptTokens();
+    o.preemptions = r.getUsage().getPreemptions();
+    if (r.getUsage().getCompletionTokens() > 0) o.completion_tokens = r.getUsage().getCompletionTokens();
+  }
+  if (r.hasTimings()) o.queued_ms = r.getTimings().getQueuedMs();
+  finish(self, std::move(o), false);
+}
+
+caf::behavior session(self_ptr self, session_options o) {
+  self->state.o = std::move(o);
+  if (!start(self)) return {};
+  return {
+      [=](const tokens_msg& m) { on_tokens(self, m); },
+      [=](const outcome_msg& m) { on_outcome(self, m); },
+      [=](deadline_atom) {
+        finish(self, base_outcome(self, outcome_kind::cancelled, "deadline",
+                                  "the request's timeout passed before it finished"), true);
+      },
+      [=](cancel_atom, int32_t why) {
+        finish(self, base_outcome(self, outcome_kind::cancelled, why == 1 ? "shutdown" : "client"), true);
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_session(caf::actor_system& sys, session_options options) {
+  return sys.spawn(session, std::move(options));
+}
+
+}  // namespace tireless

@@ -1,0 +1,120 @@
+#include "actors/shard.hpp"
+
+#include <chrono>
+#include <random>
+#include <stdexcept>
+
+#include "actors/messages.hpp"
+#include "actors/wire.hpp"
+#include "gpu/sim/sim_backend.hpp"
+
+namespace tireless {
+
+namespace {
+
+using deliver_atom = caf::atom_constant<caf::atom("deliver")>;
+
+struct shard_state {
+  shard_options o;
+  std::mt19937_64 rng;
+  step_storage storage;
+  step_result result;
+  uint64_t steps = 0;
+  // simulated: replies waiting for their virtual step time to pass
+  std::map<uint64_t, std::pair<caf::response_promise, step_reply_msg>> pending;
+  uint64_t next_pending = 0;
+};
+
+// Runs one step on the backend. Returns the reply and the seconds the step took.
+step_reply_msg run_step(shard_state& st, const step_request_msg& req, double& seconds) {
+  if (st.o.crash_probability > 0 &&
+      std::uniform_real_distribution<double>(0, 1)(st.rng) < st.o.crash_probability) {
+    throw std::runtime_error("injected shard crash");
+  }
+  const auto r = req.get();
+  unpack(r, st.storage);
+  if (!st.storage.copies.empty()) st.o.model->copy_blocks(st.storage.copies);
+  const auto t0 = std::chrono::steady_clock::now();
+  st.o.model->execute(st.storage.batch, st.result);
+  seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (auto* sim = dynamic_cast<sim::sim_backend*>(st.o.model.get())) seconds = sim->last_step_seconds();
+  ++st.steps;
+  return to_wire(r.getStepId(), st.result, seconds);
+}
+
+caf::behavior step_shard(caf::stateful_actor<shard_state>* self, shard_options o) {
+  self->state.o = std::move(o);
+  self->state.rng.seed(self->state.o.seed);
+  return {
+      [=](const step_request_msg& req) -> caf::result<step_reply_msg> {
+        double seconds = 0;
+        step_reply_msg reply = run_step(self->state, req, seconds);
+        if (!self->state.o.simulated) return reply;
+        auto rp = self->make_response_promise<step_reply_msg>();
+        const uint64_t id = self->state.next_pending++;
+        self->state.pending.emplace(id, std::make_pair(rp, reply));
+        self->delayed_send(self, std::chrono::nanoseconds(static_cast<int64_t>(seconds * 1e9)), deliver_atom::value, id);
+        return rp;
+      },
+      [=](deliver_atom, uint64_t id) {
+        auto it = self->state.pending.find(id);
+        if (it == self->state.pending.end()) return;
+        it->second.first.deliver(it->second.second);
+        self->state.pending.erase(it);
+      },
+      [=](crash_atom) { throw std::runtime_error("shard crash requested"); },
+  };
+}
+
+struct supervisor_state {
+  shard_options o;
+  caf::actor child;
+  int restarts = 0;
+  int max_restarts = 0;
+  uint64_t seed = 0;
+};
+
+void start_child(caf::stateful_actor<supervisor_state>* self) {
+  shard_options child_options = self->state.o;
+  child_options.seed = self->state.o.seed + static_cast<uint64_t>(self->state.restarts) * 7919;
+  self->state.child = self->state.o.simulated
+                          ? self->spawn(step_shard, child_options)
+                          : self->spawn<caf::detached>(step_shard, child_options);
+  self->monitor(self->state.child);
+}
+
+caf::behavior shard_supervisor(caf::stateful_actor<supervisor_state>* self, shard_options o,
+                               int max_restarts) {
+  self->state.o = std::move(o);
+  self->state.max_restarts = max_restarts;
+  start_child(self);
+  self->set_down_handler([=](caf::down_msg& dm) {
+    if (dm.source != self->state.child.address()) return;
+    if (dm.reason == caf::exit_reason::normal || dm.reason == caf::exit_reason::user_shutdown) return;
+    if (self->state.restarts >= self->state.max_restarts) {
+      self->quit(dm.reason);
+      return;
+    }
+    ++self->state.restarts;
+    start_child(self);
+  });
+  self->set_exit_handler([=](caf::exit_msg& em) {
+    self->send_exit(self->state.child, em.reason);
+    self->quit(em.reason);
+  });
+  return {
+      [=](const step_request_msg& req) {
+        return self->delegate(self->state.child, req);
+      },
+      [=](crash_atom a) { self->send(self->state.child, a); },
+      [=](stats_atom) { return self->state.restarts; },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_shard_supervisor(caf::actor_system& sys, shard_options options, int max_restarts) {
+  return sys.spawn(shard_supervisor, std::move(options), max_restarts);
+}
+
+}  // namespace tireless

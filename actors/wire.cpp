@@ -1,0 +1,181 @@
+#include "actors/wire.hpp"
+
+#include <cstring>
+
+namespace tireless {
+
+namespace {
+
+template <class List, class Values>
+void fill(List list, const Values& values) {
+  for (unsigned i = 0; i < values.size(); ++i) list.set(i, values[i]);
+}
+
+template <class T, class Reader>
+std::vector<T> to_vector(Reader r) {
+  std::vector<T> v;
+  v.reserve(r.size());
+  for (auto x : r) v.push_back(static_cast<T>(x));
+  return v;
+}
+
+}  // namespace
+
+owned<proto::KvRequest> to_wire(const kv_request& r) {
+  owned<proto::KvRequest> m(256);
+  auto b = m.init();
+  auto entries = b.initEntries(static_cast<unsigned>(r.entries.size()));
+  for (unsigned i = 0; i < r.entries.size(); ++i) {
+    const kv_entry& e = r.entries[i];
+    auto eb = entries[i];
+    eb.setSeq(e.seq);
+    eb.setPositions(e.positions);
+    eb.setAdmit(e.admit);
+    eb.setPreemptable(e.preemptable);
+    eb.setWriteFrom(e.write_from);
+    if (e.admit) fill(eb.initPrompt(static_cast<unsigned>(e.prompt.size())), e.prompt);
+  }
+  fill(b.initReleases(static_cast<unsigned>(r.releases.size())), r.releases);
+  auto commits = b.initCommits(static_cast<unsigned>(r.commits.size()));
+  for (unsigned i = 0; i < r.commits.size(); ++i) {
+    commits[i].setSeq(r.commits[i].seq);
+    commits[i].setComputed(r.commits[i].computed);
+    fill(commits[i].initTokens(static_cast<unsigned>(r.commits[i].tokens.size())), r.commits[i].tokens);
+  }
+  return m;
+}
+
+kv_request from_wire(proto::KvRequest::Reader r) {
+  kv_request out;
+  for (auto e : r.getEntries()) {
+    kv_entry x;
+    x.seq = e.getSeq();
+    x.positions = e.getPositions();
+    x.admit = e.getAdmit();
+    x.preemptable = e.getPreemptable();
+    x.write_from = e.getWriteFrom();
+    if (x.admit) x.prompt = to_vector<token_id>(e.getPrompt());
+    out.entries.push_back(std::move(x));
+  }
+  out.releases = to_vector<seq_id>(r.getReleases());
+  for (auto c : r.getCommits()) out.commits.push_back({c.getSeq(), to_vector<token_id>(c.getTokens()), c.getComputed()});
+  return out;
+}
+
+owned<proto::KvReply> to_wire(const kv_reply& r) {
+  owned<proto::KvReply> m(256);
+  auto b = m.init();
+  auto grants = b.initGrants(static_cast<unsigned>(r.grants.size()));
+  for (unsigned i = 0; i < r.grants.size(); ++i) {
+    const kv_grant& g = r.grants[i];
+    grants[i].setSeq(g.seq);
+    grants[i].setGranted(g.granted);
+    grants[i].setCachedTokens(g.cached_tokens);
+    fill(grants[i].initTable(static_cast<unsigned>(g.table.size())), g.table);
+  }
+  fill(b.initPreempted(static_cast<unsigned>(r.preempted.size())), r.preempted);
+  auto copies = b.initCopies(static_cast<unsigned>(r.copies.size()));
+  for (unsigned i = 0; i < r.copies.size(); ++i) {
+    copies[i].setSrc(r.copies[i].first);
+    copies[i].setDst(r.copies[i].second);
+  }
+  b.setFreeBlocks(r.stats.free);
+  b.setTotalBlocks(r.stats.total);
+  b.setCachedFreeBlocks(r.stats.cached_free);
+  return m;
+}
+
+kv_reply from_wire(proto::KvReply::Reader r) {
+  kv_reply out;
+  for (auto g : r.getGrants()) {
+    out.grants.push_back({g.getSeq(), g.getGranted(), g.getCachedTokens(), to_vector<block_id>(g.getTable())});
+  }
+  out.preempted = to_vector<seq_id>(r.getPreempted());
+  for (auto c : r.getCopies()) out.copies.emplace_back(c.getSrc(), c.getDst());
+  out.stats.free = r.getFreeBlocks();
+  out.stats.total = r.getTotalBlocks();
+  out.stats.cached_free = r.getCachedFreeBlocks();
+  out.stats.used = out.stats.total - out.stats.free;
+  return out;
+}
+
+void set_sampling(proto::Sampling::Builder b, const sampling_params& p) {
+  b.setTemperature(p.temperature);
+  b.setTopK(p.top_k);
+  b.setTopP(p.top_p);
+  b.setSeed(p.seed);
+}
+
+sampling_params sampling_of(proto::Sampling::Reader r) {
+  return {r.getTemperature(), r.getTopK(), r.getTopP(), r.getSeed()};
+}
+
+owned<proto::StepRequest> to_wire(uint64_t step_id, const step_batch& batch,
+                                  const std::vector<std::pair<block_id, block_id>>& copies) {
+  owned<proto::StepRequest> m(static_cast<unsigned>(64 + batch.seqs.size() * 16 + batch.n_tokens() / 2));
+  auto b = m.init();
+  b.setStepId(step_id);
+  auto seqs = b.initSeqs(static_cast<unsigned>(batch.seqs.size()));
+  for (unsigned i = 0; i < batch.seqs.size(); ++i) {
+    const sequence_step& s = batch.seqs[i];
+    auto sb = seqs[i];
+    sb.setSeq(s.seq_id);
+    fill(sb.initTokens(static_cast<unsigned>(s.tokens.size())), s.tokens);
+    sb.setStartPos(s.start_pos);
+    fill(sb.initBlockTable(static_cast<unsigned>(s.block_table.size())), s.block_table);
+    sb.setSample(s.sample);
+    set_sampling(sb.initSampling(), s.sampling);
+    sb.setWantLogits(s.want_logits);
+  }
+  auto cb = b.initCopies(static_cast<unsigned>(copies.size()));
+  for (unsigned i = 0; i < copies.size(); ++i) {
+    cb[i].setSrc(copies[i].first);
+    cb[i].setDst(copies[i].second);
+  }
+  return m;
+}
+
+void unpack(proto::StepRequest::Reader r, step_storage& out) {
+  const auto seqs = r.getSeqs();
+  out.tokens.resize(seqs.size());
+  out.tables.resize(seqs.size());
+  out.batch.seqs.resize(seqs.size());
+  for (unsigned i = 0; i < seqs.size(); ++i) {
+    auto s = seqs[i];
+    out.tokens[i] = to_vector<token_id>(s.getTokens());
+    out.tables[i] = to_vector<int32_t>(s.getBlockTable());
+    sequence_step& st = out.batch.seqs[i];
+    st.seq_id = s.getSeq();
+    st.tokens = out.tokens[i];
+    st.start_pos = s.getStartPos();
+    st.block_table = out.tables[i];
+    st.sample = s.getSample();
+    st.sampling = sampling_of(s.getSampling());
+    st.want_logits = s.getWantLogits();
+  }
+  out.copies.clear();
+  for (auto c : r.getCopies()) out.copies.emplace_back(c.getSrc(), c.getDst());
+}
+
+owned<proto::StepReply> to_wire(uint64_t step_id, const step_result& r, double seconds) {
+  owned<proto::StepReply> m(static_cast<unsigned>(16 + r.next.size() / 2 + r.logits.size() / 2));
+  auto b = m.init();
+  b.setStepId(step_id);
+  fill(b.initNext(static_cast<unsigned>(r.next.size())), r.next);
+  b.setSeconds(seconds);
+  if (!r.logits.empty()) {
+    auto d = b.initLogits(static_cast<unsigned>(r.logits.size() * sizeof(float)));
+    std::memcpy(d.begin(), r.logits.data(), d.size());
+  }
+  return m;
+}
+
+void unpack(proto::StepReply::Reader r, step_result& out) {
+  out.next = to_vector<token_id>(r.getNext());
+  const auto d = r.getLogits();
+  out.logits.resize(d.size() / sizeof(float));
+  if (!d.size()) return;
+  std::memcpy(out.logits.data(), d.begin(), d.size());
+}
+
+}  // namespace tireless

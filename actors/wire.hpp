@@ -1,0 +1,38 @@
+#pragma once
+// Between the scheduling cores' plain values and the Cap'n Proto messages the actors send.
+// No CAF here.
+
+#include <cstdint>
+#include <vector>
+
+#include "gpu/backend.hpp"
+#include "protocol/owned.hpp"
+#include "protocol/runtime.capnp.h"
+#include "scheduler/kv_plan.hpp"
+
+namespace tireless {
+
+owned<proto::KvRequest> to_wire(const kv_request& r);
+kv_request from_wire(proto::KvRequest::Reader r);
+owned<proto::KvReply> to_wire(const kv_reply& r);
+kv_reply from_wire(proto::KvReply::Reader r);
+
+void set_sampling(proto::Sampling::Builder b, const sampling_params& p);
+sampling_params sampling_of(proto::Sampling::Reader r);
+
+owned<proto::StepRequest> to_wire(uint64_t step_id, const step_batch& batch,
+                                  const std::vector<std::pair<block_id, block_id>>& copies);
+
+// A step request unpacked into storage a step_batch can point into.
+struct step_storage {
+  std::vector<std::vector<token_id>> tokens;
+  std::vector<std::vector<int32_t>> tables;
+  std::vector<std::pair<int32_t, int32_t>> copies;
+  step_batch batch;
+};
+void unpack(proto::StepRequest::Reader r, step_storage& out);
+
+owned<proto::StepReply> to_wire(uint64_t step_id, const step_result& r, double seconds);
+void unpack(proto::StepReply::Reader r, step_result& out);
+
+}  // namespace tireless

@@ -1,0 +1,112 @@
+#pragma once
+// tireless, embedded: start a runtime from a configuration, submit requests, get tokens and
+// exactly one outcome per request. No CAF types here; callbacks run on the runtime's threads
+// and must return quickly (hand work to your own threads if it is slow).
+//
+//   auto rt = tireless::runtime::start(tireless::load_config("config/tireless.toml"));
+//   tireless::request r;
+//   r.api_key = "sk-premium-demo";
+//   r.messages = {{"user", "Name three primary colors."}};
+//   tireless::outcome o = rt->generate(r).get();
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/runtime_config.hpp"
+
+namespace tireless {
+
+struct message {
+  std::string role;  // "system", "user" or "assistant"
+  std::string content;
+};
+
+struct sampling_options {
+  float temperature = 0.0f;  // 0: greedy
+  int32_t top_k = 0;         // 0: all tokens
+  float top_p = 1.0f;        // (0, 1]
+  uint64_t seed = 0;
+};
+
+struct request {
+  std::string api_key;                 // a tenant's key; ignored when the config has no tenants
+  std::vector<message> messages;       // a chat, formatted with the model's template; or
+  std::string prompt;                  // raw text; or
+  std::vector<int32_t> prompt_tokens;  // token ids (the only form the sim backend takes)
+  sampling_options sampling;
+  int32_t max_tokens = 0;              // 0: the configured default
+  std::vector<std::string> stop;       // stop sequences (not included in the text)
+  std::chrono::milliseconds timeout{0};  // from submission; 0: none
+  int32_t token_window = 0;            // tokens sent ahead of the consumer; 0: no flow control
+};
+
+enum class outcome_kind { completed, rejected, cancelled, failed };
+
+struct outcome {
+  uint64_t request_id = 0;
+  outcome_kind kind = outcome_kind::failed;
+  std::string reason;        // completed: stop_token, stop_string, max_tokens, context_full;
+                             // rejected: overloaded, quota_exceeded, unauthenticated, invalid,
+                             // prompt_too_long, shutting_down; cancelled: client, deadline, shutdown
+  std::string message;       // for people: what happened and what to do
+  int64_t retry_after_ms = -1;  // rejected: wait at least this long before retrying; -1: don't
+  std::vector<std::string> degradations;  // everything done to the request because of load
+  int32_t prompt_tokens = 0, completion_tokens = 0, cached_prompt_tokens = 0, preemptions = 0;
+  double queued_ms = 0, time_to_first_token_ms = -1, total_ms = 0;
+  std::string text;             // everything generated (after stop handling)
+  std::vector<int32_t> tokens;  // every generated token id
+};
+
+struct token_event {
+  uint64_t request_id = 0;
+  std::string text;             // complete UTF-8 characters only
+  std::vector<int32_t> tokens;
+};
+
+struct runtime_stats {
+  int32_t running = 0, waiting_in_engine = 0, queued_in_admission = 0, live_requests = 0;
+  int32_t kv_blocks_total = 0, kv_blocks_free = 0, kv_blocks_cached_free = 0, kv_blocks_used = 0;
+  int64_t prefix_hit_blocks = 0, prefix_miss_blocks = 0, evictions = 0;
+  int64_t steps = 0, shard_restarts = 0;
+  int64_t completed = 0, rejected = 0, cancelled = 0, failed = 0;
+  // The largest mailbox each actor saw, sampled by the actor itself.
+  int64_t max_mailbox_engine = 0, max_mailbox_admission = 0, max_mailbox_kv_manager = 0;
+};
+
+class runtime {
+ public:
+  // Loads the model, creates the backend and starts the actors. Throws std::runtime_error
+  // with a message that says what is wrong (model file, config) and what to do.
+  static std::unique_ptr<runtime> start(const runtime_config& config);
+  ~runtime();  // shutdown(config grace), if not done yet
+  runtime(const runtime&) = delete;
+  runtime& operator=(const runtime&) = delete;
+
+  using token_callback = std::function<void(const token_event&)>;
+  using outcome_callback = std::function<void(const outcome&)>;
+
+  // Every submitted request gets exactly one on_outcome call (maybe before submit returns,
+  // for an immediate refusal). Returns the request's id.
+  uint64_t submit(request r, token_callback on_token, outcome_callback on_outcome);
+  std::future<outcome> generate(request r);
+  // Ends a request early (outcome: cancelled, client). false if it already ended.
+  bool cancel(uint64_t request_id);
+
+  runtime_stats stats();
+  std::string describe() const;
+  // Stops accepting; lets requests finish for up to `grace`; cancels the rest (each gets
+  // its outcome); stops the actors.
+  void shutdown(std::chrono::milliseconds grace);
+
+ private:
+  struct impl;
+  explicit runtime(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace tireless

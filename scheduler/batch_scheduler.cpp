@@ -1,0 +1,199 @@
+#include "scheduler/batch_scheduler.hpp"
+
+#include <algorithm>
+#include <cassert>
+#include <stdexcept>
+
+namespace tireless {
+
+void batch_scheduler::add(sequence_spec spec) {
+  if (spec.prompt.empty()) throw std::invalid_argument("a sequence needs a prompt");
+  if (seqs_.count(spec.id)) throw std::logic_error("sequence added twice");
+  sequence s;
+  s.tokens = spec.prompt;
+  s.window = spec.token_window;
+  s.spec = std::move(spec);
+  seqs_.emplace(s.spec.id, std::move(s));
+}
+
+bool batch_scheduler::cancel(seq_id seq) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return false;
+  if (it->second.running) releases_.push_back(seq);
+  seqs_.erase(it);
+  return true;
+}
+
+void batch_scheduler::acknowledge(seq_id seq, int32_t tokens) {
+  if (auto it = seqs_.find(seq); it != seqs_.end()) it->second.window += tokens;
+}
+
+std::vector<seq_id> batch_scheduler::keep_order() const {
+  std::vector<seq_id> order;
+  order.reserve(seqs_.size());
+  for (const auto& [id, s] : seqs_) order.push_back(id);
+  std::sort(order.begin(), order.end(), [&](seq_id a, seq_id b) {
+    const sequence& x = seqs_.at(a);
+    const sequence& y = seqs_.at(b);
+    if (x.paused() != y.paused()) return !x.paused();
+    if (x.spec.priority != y.spec.priority) return x.spec.priority > y.spec.priority;
+    if (x.running != y.running) return x.running;
+    return x.spec.arrival < y.spec.arrival;
+  });
+  return order;
+}
+
+kv_request batch_scheduler::propose() {
+  kv_request r;
+  r.releases = std::move(releases_);
+  releases_.clear();
+  r.commits = std::move(commits_);
+  commits_.clear();
+  plan_.clear();
+  int32_t budget = limits_.max_step_tokens, stepped = 0;
+  for (seq_id id : keep_order()) {
+    const sequence& s = seqs_.at(id);
+    const int32_t want = static_cast<int32_t>(s.tokens.size()) - s.computed;
+    const bool room = stepped < limits_.max_step_seqs && budget > 0 && !s.paused();
+    const int32_t n = room ? std::min(want, budget) : 0;
+    if (!s.running && n == 0) continue;  // waiting and not this step: nothing to hold
+    kv_entry e;
+    e.seq = id;
+    e.admit = !s.running;
+    e.positions = s.computed + n;
+    e.write_from = s.computed;
+    e.preemptable = s.preemptions < limits_.max_preemptions;
+    if (e.admit) e.prompt = s.tokens;
+    r.entries.push_back(std::move(e));
+    plan_.push_back({id, e.positions});
+    if (n > 0) {
+      budget -= n;
+      ++stepped;
+    }
+  }
+  return r;
+}
+
+step_batch batch_scheduler::finalize(const kv_reply& reply) {
+  assert(reply.grants.size() == plan_.size());
+  for (seq_id p : reply.preempted) {
+    auto it = seqs_.find(p);
+    if (it == seqs_.end()) continue;
+    sequence& s = it->second;
+    s.running = false;
+    s.computed = 0;
+    s.committed_blocks = 0;
+    s.table.clear();
+    ++s.preemptions;
+    pending_events_.push_back({scheduler_event::kind::preempted, p, {}, {}});
+  }
+  batch_.seqs.clear();
+  batch_seqs_.clear();
+  for (size_t i = 0; i < plan_.size(); ++i) {
+    const kv_grant& g = reply.grants[i];
+    auto it = seqs_.find(plan_[i].seq);
+    if (!g.granted || it == seqs_.end()) continue;
+    sequence& s = it->second;
+    if (!s.running) {
+      s.running = true;
+      s.computed = g.cached_tokens;
+      s.cached_tokens += g.cached_tokens;
+    }
+    s.table = g.table;
+    const int32_t end = std::min({static_cast<int32_t>(s.tokens.size()),
+                                  static_cast<int32_t>(s.table.size()) * limits_.block_size,
+                                  plan_[i].positions});
+    const int32_t n = end - s.computed;
+    if (n <= 0) continue;
+    sequence_step st;
+    st.seq_id = s.spec.id;
+    st.tokens = std::span<const token_id>(s.tokens.data() + s.computed, static_cast<size_t>(n));
+    st.start_pos = s.computed;
+    st.block_table = s.table;
+    st.sample = s.computed + n == static_cast<int32_t>(s.tokens.size());
+    st.sampling = s.spec.sampling;
+    batch_.seqs.push_back(st);
+    batch_seqs_.push_back(s.spec.id);
+  }
+  return batch_;
+}
+
+std::vector<scheduler_event> batch_scheduler::commit(const step_result& result) {
+  std::vector<scheduler_event> events = std::move(pending_events_);
+  pending_events_.clear();
+  for (size_t i = 0; i < batch_seqs_.size(); ++i) {
+    auto it = seqs_.find(batch_seqs_[i]);
+    if (it == seqs_.end()) continue;  // cancelled while the step ran
+    sequence& s = it->second;
+    const sequence_step& st = batch_.seqs[i];
+    s.computed = st.start_pos + static_cast<int32_t>(st.tokens.size());
+    if (st.sample) {
+      const token_id t = result.next[i];
+      s.tokens.push_back(t);
+      ++s.generated;
+      if (s.spec.token_window > 0) --s.window;
+      events.push_back({scheduler_event::kind::tokens, s.spec.id, {t}, {}});
+      std::optional<finish_reason> done;
+      if (std::find(s.spec.stop_tokens.begin(), s.spec.stop_tokens.end(), t) != s.spec.stop_tokens.end()) {
+        done = finish_reason::stop_token;
+      } else if (s.generated >= s.spec.max_tokens) {
+        done = finish_reason::max_tokens;
+      } else if (static_cast<int32_t>(s.tokens.size()) >= limits_.max_context) {
+        done = finish_reason::context_full;
+      }
+      if (done) {
+        scheduler_event e{scheduler_event::kind::finished, s.spec.id, {}, *done};
+        e.prompt_tokens = static_cast<int32_t>(s.spec.prompt.size());
+        e.generated = s.generated;
+        e.cached_tokens = s.cached_tokens;
+        e.preemptions = s.preemptions;
+        events.push_back(std::move(e));
+        releases_.push_back(s.spec.id);
+        seqs_.erase(it);
+        continue;
+      }
+    }
+    const int32_t full = s.computed / limits_.block_size;
+    if (full > s.committed_blocks) {
+      s.committed_blocks = full;
+      commits_.push_back({s.spec.id, std::vector<token_id>(s.tokens.begin(), s.tokens.begin() + s.computed), s.computed});
+    }
+  }
+  batch_seqs_.clear();
+  batch_.seqs.clear();
+  return events;
+}
+
+bool batch_scheduler::has_work() const {
+  if (!releases_.empty() || !commits_.empty()) return true;
+  for (const auto& [id, s] : seqs_) {
+    if (!s.paused()) return true;
+  }
+  return false;
+}
+
+sequence_counts batch_scheduler::counts() const {
+  sequence_counts c;
+  for (const auto& [id, s] : seqs_) {
+    if (s.paused()) ++c.paused;
+    if (s.running) {
+      ++c.running;
+    } else {
+      ++c.waiting;
+      c.waiting_prompt_tokens += static_cast<int64_t>(s.tokens.size());
+    }
+  }
+  return c;
+}
+
+int32_t batch_scheduler::preemptions(seq_id seq) const {
+  auto it = seqs_.find(seq);
+  return it == seqs_.end() ? 0 : it->second.preemptions;
+}
+
+int32_t batch_scheduler::cached_tokens(seq_id seq) const {
+  auto it = seqs_.find(seq);
+  return it == seqs_.end() ? 0 : it->second.cached_tokens;
+}
+
+}  // namespace tireless

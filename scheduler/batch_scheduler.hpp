@@ -1,0 +1,108 @@
+#pragma once
+// The engine's continuous batching, CAF-free. A step is
+//   kv_request r = propose();          what the step would like (order = keep priority)
+//   step_batch b = finalize(reply);    what the KV pool granted, as the backend's input
+//   events e = commit(result, now);    tokens, finished requests
+// Policy lives in propose(): running requests before waiting ones within a priority, higher
+// tiers first, older requests first; decode tokens before prefill chunks under a per-step
+// token budget (chunked prefill); paused requests (slow clients) last, so they are the first
+// to give their blocks back.
+
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gpu/backend.hpp"
+#include "scheduler/kv_plan.hpp"
+
+namespace tireless {
+
+struct scheduler_limits {
+  int32_t max_step_tokens = 512;
+  int32_t max_step_seqs = 64;
+  int32_t max_preemptions = 3;   // then a request is protected from preemption (last resort only)
+  int32_t max_context = 8192;
+  int32_t block_size = 16;       // of the KV pool: full blocks are offered to the prefix cache
+};
+
+struct sequence_spec {
+  seq_id id = 0;
+  int32_t priority = 0;          // higher is more important
+  uint64_t arrival = 0;          // smaller arrived earlier
+  std::vector<token_id> prompt;
+  sampling_params sampling;
+  int32_t max_tokens = 16;
+  std::vector<token_id> stop_tokens;
+  int32_t token_window = 0;      // tokens it may emit before the client acknowledges; 0: no limit
+};
+
+enum class finish_reason { stop_token, max_tokens, context_full, cancelled };
+
+struct scheduler_event {
+  enum class kind { tokens, finished, preempted } what;
+  seq_id seq = 0;
+  std::vector<token_id> tokens;   // kind::tokens
+  finish_reason reason{};         // kind::finished
+  // kind::finished: what the request used.
+  int32_t prompt_tokens = 0, generated = 0, cached_tokens = 0, preemptions = 0;
+};
+
+struct sequence_counts {
+  int32_t waiting = 0, running = 0, paused = 0;
+  int64_t waiting_prompt_tokens = 0;  // not yet computed, summed over waiting requests
+};
+
+class batch_scheduler {
+ public:
+  explicit batch_scheduler(scheduler_limits limits) : limits_(limits) {}
+
+  void add(sequence_spec spec);
+  // Ends a request: it leaves the batch, its blocks are released with the next request.
+  // Returns false when the sequence is unknown (already finished).
+  bool cancel(seq_id seq);
+  // The client acknowledged `tokens` more tokens: the window grows by that many.
+  void acknowledge(seq_id seq, int32_t tokens);
+
+  kv_request propose();
+  step_batch finalize(const kv_reply& reply);
+  std::vector<scheduler_event> commit(const step_result& result);
+
+  bool has_work() const;          // something could run if blocks allow
+  bool knows(seq_id seq) const { return seqs_.count(seq) != 0; }
+  sequence_counts counts() const;
+  int32_t preemptions(seq_id seq) const;
+  int32_t cached_tokens(seq_id seq) const;
+
+ private:
+  struct sequence {
+    sequence_spec spec;
+    std::vector<token_id> tokens;  // prompt, then generated
+    int32_t computed = 0;          // positions whose KV is in the cache
+    int32_t generated = 0;
+    bool running = false;          // holds blocks
+    int32_t window = 0;            // tokens it may still emit; meaningful when spec.token_window > 0
+    int32_t preemptions = 0;
+    int32_t cached_tokens = 0;
+    int32_t committed_blocks = 0;  // full blocks already offered to the prefix cache
+    std::vector<block_id> table;
+    bool paused() const { return spec.token_window > 0 && window <= 0; }
+  };
+  struct planned {
+    seq_id seq;
+    int32_t positions;  // positions it holds after the step; equal to computed: kept, not stepped
+  };
+  std::vector<seq_id> keep_order() const;
+
+  scheduler_limits limits_;
+  std::map<seq_id, sequence> seqs_;
+  std::vector<seq_id> releases_;
+  std::vector<planned> plan_;
+  std::vector<seq_id> batch_seqs_;  // the sequences of the step being run, in batch order
+  step_batch batch_;
+  std::vector<scheduler_event> pending_events_;  // preemptions seen in finalize
+  std::vector<kv_commit> commits_;
+};
+
+}  // namespace tireless
