@@ -24,6 +24,13 @@ namespace tireless {
 using block_id = int32_t;
 using seq_id = uint64_t;
 
+// The prefix-cache key of a full block: a hash chained over the previous block's key (0 for
+// the first block) and the block's tokens [block_size]. A lookup never trusts the key alone:
+// it also compares the tokens and the identity of the cached parent block, so a collision
+// costs a cache miss, never wrong keys and values. Injectable so tests can force collisions.
+using block_hasher = uint64_t (*)(uint64_t parent_hash, std::span<const token_id> tokens);
+uint64_t default_block_hash(uint64_t parent_hash, std::span<const token_id> tokens);
+
 struct block_manager_config {
   int32_t n_blocks = 0;
   int32_t block_size = 16;
@@ -45,7 +52,8 @@ struct block_stats {
 
 class block_manager {
  public:
-  explicit block_manager(block_manager_config config);
+  // Throws std::invalid_argument for a config that cannot describe a pool.
+  explicit block_manager(block_manager_config config, block_hasher hasher = default_block_hash);
   ~block_manager();
   block_manager(block_manager&&) noexcept;
   block_manager& operator=(block_manager&&) noexcept;
@@ -70,8 +78,9 @@ class block_manager {
 
   // Before the backend writes positions [first, last] of seq: every block in that range that
   // is shared with another table (or held by the prefix cache) is replaced in this table by a
-  // fresh copy. Returns the (source, destination) copies the backend must make first.
-  // false when no free block is left for a copy (nothing changed).
+  // fresh copy. Appends to `copies` the (source, destination) copies the backend must make
+  // first. false when no free block is left for a copy (nothing changed). Blocks written from
+  // `first` on are no longer part of seq's registered prefix; commit() registers them again.
   bool prepare_write(seq_id seq, int32_t first, int32_t last,
                      std::vector<std::pair<block_id, block_id>>& copies);
 
@@ -86,6 +95,11 @@ class block_manager {
   bool has(seq_id seq) const;
   std::span<const block_id> table(seq_id seq) const;  // empty for an unknown sequence
   block_stats stats() const;
+
+  // For tests and diagnostics: the number of tables holding block b, and whether b is
+  // registered in the prefix cache (findable by its hash).
+  int32_t ref_count(block_id b) const;
+  bool is_cached(block_id b) const;
 
   // Throws std::logic_error describing the first broken invariant.
   void check_invariants() const;
