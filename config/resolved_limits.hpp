@@ -1,0 +1,33 @@
+#pragma once
+// The limits the configuration leaves to the model ("0 = the model's"), settled once the
+// model (or the sim profile) is open, with the checks that need it.
+
+#include <chrono>
+#include <cstdint>
+
+#include "config/runtime_config.hpp"
+
+namespace tireless {
+
+// What the model and its backend tell the configuration.
+struct model_facts {
+  int32_t context_length = 0;  // the model's trained context, tokens
+  int64_t kv_bytes_per_token =
+      0;  // K and V of one token over all layers, as the backend stores them
+};
+
+struct resolved_limits {
+  int32_t max_context = 0;          // tokens per sequence
+  int32_t max_prompt_tokens = 0;    // longest prompt admitted (< max_context)
+  int32_t kv_blocks = 0;            // blocks of kv.block_size tokens in the pool
+  int32_t kv_watermark_blocks = 0;  // floor(kv.watermark × kv_blocks)
+  std::chrono::milliseconds step_time_target{0};
+};
+
+// Throws config_error naming the key when the configuration asks for more than the model
+// allows: backend.max_context beyond the model's context, a prompt limit or default answer
+// that does not fit the context, a KV pool that cannot hold one max_context sequence.
+// Both facts must be positive (a bug otherwise).
+resolved_limits resolve_limits(const runtime_config& config, const model_facts& model);
+
+}  // namespace tireless

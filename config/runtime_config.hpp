@@ -1,0 +1,189 @@
+#pragma once
+// The runtime's configuration: one TOML file, read and validated once at start. Every size,
+// limit and SLO of the runtime comes from here; main() hands each part its section.
+// Plain values: no TOML types leave config/. config/tireless.toml documents every key.
+//
+// The defaults suit one small machine serving SmolLM2-135M on the CPU backend, and follow
+// vLLM / Ray Serve conventions where those exist (block size 16, prefix caching on, a 1% KV
+// watermark, one request = one sequence).
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tireless {
+
+// Everything wrong with a configuration, one problem a line, each naming the file, the line
+// and column, the key path ("tiers[1].ttft_ms"), what is wrong and what is allowed.
+class config_error : public std::runtime_error {
+ public:
+  explicit config_error(std::vector<std::string> problems);
+  const std::vector<std::string>& problems() const { return problems_; }
+
+ private:
+  std::vector<std::string> problems_;
+};
+
+enum class log_level { trace, debug, info, warn, error, off };
+enum class backend_kind { cpu, sim, cuda };
+enum class admission_policy {
+  fcfs,      // arrival order across tiers; bounded queues only
+  priority,  // strict tier priority, arrival order inside a tier
+  tireless,  // tier priority, fair shares between tenants, predicted-TTFT early rejection,
+             // degradation ladders
+};
+enum class degrade_action { cap_max_tokens, cap_prompt_tokens, shed };
+
+std::string_view to_string(log_level level);
+std::string_view to_string(backend_kind kind);
+std::string_view to_string(admission_policy policy);
+std::string_view to_string(degrade_action action);
+
+inline constexpr std::string_view default_model_path =
+    "~/.cache/tireless/models/SmolLM2-135M-Instruct.Q4_1.gguf";  // where scripts/fetch-model puts
+                                                                 // it
+
+struct server_settings {
+  std::string listen =
+      "127.0.0.1:7433";        // Cap'n Proto RPC: "host:port" or "unix:/path"; port 0 = any free
+  std::string http_listen;     // OpenAI-style HTTP gateway, "host:port"; "" = off
+  std::string metrics_listen;  // Prometheus /metrics, "host:port"; "" = off
+  tireless::log_level log_level = tireless::log_level::info;
+  std::chrono::milliseconds shutdown_grace{10'000};  // running requests get this long to finish
+  int32_t max_connections = 256;                     // client connections, all protocols together
+};
+
+struct session_settings {
+  // Tokens buffered for a client that reads slower than the model writes, before the engine is
+  // asked to pause the sequence (64: a few seconds of a stream at typical speeds).
+  int32_t stream_buffer_tokens = 64;
+  // A request's deadline when its client gives none; a client may ask for less, never more.
+  std::chrono::milliseconds request_timeout{300'000};
+  // A conversation with no request for this long is closed and its history dropped.
+  std::chrono::milliseconds idle_timeout{600'000};
+};
+
+struct model_settings {
+  std::filesystem::path path;  // "~/" expanded; relative to the config file's folder (load_config)
+  std::string name = "smollm2";  // the model name clients ask for
+};
+
+struct backend_settings {
+  backend_kind kind = backend_kind::cpu;
+  int32_t threads = 0;                      // CPU threads; 0 = all cores
+  std::string sim_profile = "cpu-smollm2";  // the sim backend's cost model (kind = sim)
+  int32_t max_context = 0;                  // tokens per sequence; 0 = the model's
+  bool real_time = true;                    // sim: steps take real time (false: a virtual clock)
+};
+
+struct kv_settings {
+  int32_t block_size = 16;  // tokens per block: 8, 16, 32 or 64
+  int32_t blocks = 0;       // 0 = as many as memory_mb holds
+  int64_t memory_mb = 256;  // MiB of KV, used when blocks = 0 (SmolLM2: ~11.6k tokens)
+  bool prefix_caching = true;
+  double watermark = 0.01;  // fraction of blocks kept free for running sequences to grow
+};
+
+struct engine_settings {
+  int32_t max_step_tokens = 512;  // tokens per step (prefill chunks + one per decoding sequence)
+  int32_t max_step_seqs = 64;     // sequences per step
+  int32_t max_preemptions = 3;    // per request; one more and it fails with an error saying so
+  // 0 = the tightest tier's tpot (runtime_config::step_time_target()).
+  std::chrono::milliseconds step_time_target{0};
+};
+
+struct admission_settings {
+  admission_policy policy = admission_policy::tireless;
+  int32_t max_prompt_tokens = 0;     // 0 = the context length minus 1
+  int32_t default_max_tokens = 256;  // when a request gives none
+  // Nothing waits longer in a queue: it is rejected with the reason and a retry hint.
+  std::chrono::milliseconds max_queue_wait{60'000};
+  // The moving-average window of the measured drain rates behind the TTFT prediction.
+  std::chrono::milliseconds pressure_window{2'000};
+};
+
+// One rung of a tier's degradation ladder. Pressure is admission's load signal for the tier:
+// the predicted time to first token as a fraction of the tier's ttft target (0 idle, 1 the
+// target just met, above 1 missed).
+struct degrade_step {
+  double pressure = 0;
+  degrade_action action = degrade_action::cap_max_tokens;
+  int32_t limit = 0;  // tokens: the max_tokens cap or the longest prompt accepted; 0 for shed
+};
+
+// What a ladder applies at one pressure: every rung at or below it, cumulatively.
+struct degradation {
+  std::optional<int32_t> max_tokens;         // cap on a request's max_tokens
+  std::optional<int32_t> max_prompt_tokens;  // longer prompts are refused, with a hint to split
+  bool shed = false;                         // new requests of the tier are refused
+  bool any() const { return max_tokens || max_prompt_tokens || shed; }
+};
+
+struct tier_settings {
+  std::string name;
+  int32_t priority = 0;               // higher is more important; unique
+  std::chrono::milliseconds ttft{0};  // time-to-first-token target (key ttft_ms)
+  std::chrono::milliseconds tpot{0};  // time-per-output-token target (key tpot_ms)
+  int32_t queue_bound = 256;          // waiting requests; one more is rejected with retry_after
+  bool sheddable = true;              // may be refused early when its TTFT target would be missed
+  std::vector<degrade_step> degrade;  // pressures strictly increasing
+
+  degradation degradation_at(double pressure) const;
+};
+
+struct tenant_settings {
+  std::string name;
+  std::vector<std::string> keys;    // API keys; unique across tenants
+  std::string tier;                 // names a tier
+  double weight = 1.0;              // fair share among the tier's tenants
+  int32_t requests_per_minute = 0;  // 0 = unlimited
+  // Prompt + max_tokens reserved at admission, refunded when a request ends early.
+  int64_t tokens_per_minute = 0;  // 0 = unlimited
+  int32_t max_concurrent = 0;     // running + queued requests; 0 = unlimited
+};
+
+struct metrics_settings {
+  std::string prefix = "tireless";  // metric names start with it
+  bool per_tenant = true;           // label counters by tenant (turn off with many tenants)
+  // Histogram upper bounds, milliseconds.
+  std::vector<double> ttft_buckets_ms{50,   100,  250,   500,   1000,  2000, 3000,
+                                      5000, 8000, 10000, 15000, 30000, 60000};
+  std::vector<double> tpot_buckets_ms{10, 25, 50, 75, 100, 150, 200, 300, 450, 600, 1000};
+  std::vector<double> step_time_buckets_ms{5, 10, 25, 50, 100, 150, 250, 500, 1000, 2500};
+};
+
+struct runtime_config {
+  std::string source;  // the file (or name) it was read from
+  server_settings server;
+  session_settings session;
+  model_settings model;
+  backend_settings backend;
+  kv_settings kv;
+  engine_settings engine;
+  admission_settings admission;
+  std::vector<tier_settings> tiers;  // at least one; highest priority first
+  std::vector<tenant_settings> tenants;
+  metrics_settings metrics;
+  // Valid settings that have no effect (a sim_profile with kind = "cpu", ...), for the log.
+  std::vector<std::string> warnings;
+
+  const tier_settings* find_tier(std::string_view name) const;
+  const tenant_settings* find_tenant(std::string_view name) const;
+  // engine.step_time_target, or the tightest tier's tpot when that is 0.
+  std::chrono::milliseconds step_time_target() const;
+};
+
+// Reads and validates a configuration file. Throws config_error listing every problem found
+// (an unreadable file is one problem).
+runtime_config load_config(const std::filesystem::path& file);
+
+// The same for text already in memory; source_name names it in messages. Relative paths in
+// it stay relative to the working directory.
+runtime_config parse_config(std::string_view toml_text, std::string_view source_name);
+
+}  // namespace tireless
