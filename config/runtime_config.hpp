@@ -44,13 +44,13 @@ std::string_view to_string(backend_kind kind);
 std::string_view to_string(admission_policy policy);
 std::string_view to_string(degrade_action action);
 
+// Where scripts/fetch-model puts the real default model.
 inline constexpr std::string_view default_model_path =
-    "~/.cache/tireless/models/SmolLM2-135M-Instruct.Q4_1.gguf";  // where scripts/fetch-model puts
-                                                                 // it
+    "~/.cache/tireless/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 struct server_settings {
-  std::string listen =
-      "127.0.0.1:7433";        // Cap'n Proto RPC: "host:port" or "unix:/path"; port 0 = any free
+  // Cap'n Proto RPC: "host:port" or "unix:/path"; port 0 = any free port; "" = off (embedded).
+  std::string listen = "127.0.0.1:7433";
   std::string http_listen;     // OpenAI-style HTTP gateway, "host:port"; "" = off
   std::string metrics_listen;  // Prometheus /metrics, "host:port"; "" = off
   tireless::log_level log_level = tireless::log_level::info;
@@ -144,7 +144,7 @@ struct tenant_settings {
   int32_t requests_per_minute = 0;  // 0 = unlimited
   // Prompt + max_tokens reserved at admission, refunded when a request ends early.
   int64_t tokens_per_minute = 0;  // 0 = unlimited
-  int32_t max_concurrent = 0;     // running + queued requests; 0 = unlimited
+  int32_t max_concurrent = 0;     // requests in flight (queued or running); 0 = unlimited
 };
 
 struct metrics_settings {
