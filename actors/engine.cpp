@@ -41,6 +41,7 @@ struct engine_state {
   caf::actor kv, shard, admission;
   std::unordered_map<seq_id, request_info> requests;
   bool stepping = false;
+  bool changed = false;  // an event arrived since the current step was proposed
   uint64_t step_id = 0;
   uint64_t steps = 0;
   int64_t received = 0;  // generate messages received, for admission's credit arithmetic
@@ -203,8 +204,13 @@ void fail_unplaceable(self_ptr self, const kv_request& req, const kv_reply& repl
 
 void kick(self_ptr self) {
   auto& st = self->state;
-  if (st.stepping || !st.core->has_work()) return;
+  if (st.stepping) {
+    st.changed = true;
+    return;
+  }
+  if (!st.core->has_work()) return;
   st.stepping = true;
+  st.changed = false;
   kv_request req = st.core->propose();
   self->request(st.kv, caf::infinite, to_wire(req))
       .then(
@@ -224,6 +230,9 @@ void kick(self_ptr self) {
               st.stepping = false;
               fail_unplaceable(self, req, reply);
               send_credits(self);
+              // Nothing could run. Try again only if something changed meanwhile (an ack or a
+              // cancel that arrived while the KV request was out), or we would spin.
+              if (st.changed) kick(self);
               return;
             }
             // Spans in `batch` point into the scheduler's sequences, which stay put until

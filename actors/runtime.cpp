@@ -7,12 +7,10 @@
 
 #include <fmt/format.h>
 
-#include "actors/admission.hpp"
-#include "actors/engine.hpp"
-#include "actors/kv_manager.hpp"
 #include "actors/messages.hpp"
+#include "actors/pipeline.hpp"
+#include "actors/request_door.hpp"
 #include "actors/session.hpp"
-#include "actors/shard.hpp"
 #include "config/resolved_limits.hpp"
 #include "gpu/cpu/cpu_backend.hpp"
 #include "gpu/sim/sim_backend.hpp"
@@ -27,9 +25,9 @@ struct runtime::impl {
   std::shared_ptr<backend> be;
   std::unique_ptr<caf::actor_system_config> sys_cfg;
   std::unique_ptr<caf::actor_system> sys;
-  caf::actor kv, shard, admission, engine;
+  pipeline actors;
   std::unordered_map<std::string, const tenant_settings*> tenant_by_key;
-  int32_t max_live = 0;
+  std::unique_ptr<request_door> door;
 
   std::atomic<uint64_t> next_id{1};
   std::atomic<bool> accepting{true};
@@ -39,7 +37,8 @@ struct runtime::impl {
   int64_t completed = 0, rejected = 0, cancelled = 0, failed = 0;
   bool stopped = false;
 
-  void done(const outcome& o) {
+  void done(const outcome& o, bool entered) {
+    if (entered) door->leave();
     std::lock_guard lock(mu);
     live.erase(o.request_id);
     switch (o.kind) {
@@ -100,27 +99,19 @@ std::unique_ptr<runtime> runtime::start(const runtime_config& config) {
   r->sys = std::make_unique<caf::actor_system>(*r->sys_cfg);
 
   const kv_geometry geo = r->be->kv();
-  kv_manager_options kvo;
-  kvo.blocks.n_blocks = geo.n_blocks;
-  kvo.blocks.block_size = geo.block_size;
-  kvo.blocks.prefix_caching = r->cfg.kv.prefix_caching;
-  kvo.blocks.watermark_blocks = r->lim.kv_watermark_blocks;
-  r->kv = spawn_kv_manager(*r->sys, kvo);
-
-  shard_options so;
-  so.model = r->be;
-  so.simulated = r->cfg.backend.kind == backend_kind::sim;
-  r->shard = spawn_shard_supervisor(*r->sys, so, 5);
-
-  admission_options ao;
+  pipeline_options po;
+  po.kv.blocks.n_blocks = geo.n_blocks;
+  po.kv.blocks.block_size = geo.block_size;
+  po.kv.blocks.prefix_caching = r->cfg.kv.prefix_caching;
+  po.kv.blocks.watermark_blocks = r->lim.kv_watermark_blocks;
+  po.shard.model = r->be;
+  po.shard.simulated = r->cfg.backend.kind == backend_kind::sim;
   int32_t queued_capacity = 0;
   for (const tier_settings& t : r->cfg.tiers) {
-    ao.tiers.push_back({t.name, t.priority, t.queue_bound});
+    po.admission.tiers.push_back({t.name, t.priority, t.queue_bound});
     queued_capacity += t.queue_bound;
   }
-  r->admission = spawn_admission(*r->sys, ao);
-
-  engine_options eo;
+  engine_options& eo = po.engine;
   eo.limits.max_step_tokens = r->cfg.engine.max_step_tokens;
   eo.limits.max_step_seqs = r->cfg.engine.max_step_seqs;
   eo.limits.max_preemptions = r->cfg.engine.max_preemptions;
@@ -129,11 +120,10 @@ std::unique_ptr<runtime> runtime::start(const runtime_config& config) {
   eo.max_waiting = r->cfg.engine.max_step_seqs;
   eo.max_waiting_tokens = 2 * r->cfg.engine.max_step_tokens;
   eo.rate_window_seconds = std::chrono::duration<double>(r->cfg.admission.pressure_window).count();
-  r->engine = spawn_engine(*r->sys, eo, r->kv, r->shard, r->admission);
-  caf::anon_send(r->admission, attach_atom::value, r->engine);
+  r->actors = spawn_pipeline(*r->sys, po);
   // Requests in the runtime at once: every queue full, the engine's waiting room, and one
   // running sequence per KV block at most. More are refused at the door.
-  r->max_live = queued_capacity + eo.max_waiting + geo.n_blocks;
+  r->door = std::make_unique<request_door>(queued_capacity + eo.max_waiting + geo.n_blocks);
   return std::unique_ptr<runtime>(new runtime(std::move(r)));
 }
 
@@ -149,15 +139,15 @@ std::string runtime::describe() const {
 uint64_t runtime::submit(request r, token_callback on_token, outcome_callback on_outcome) {
   impl& m = *impl_;
   const uint64_t id = m.next_id++;
-  auto reporter = std::make_shared<request_reporter>(id, std::move(on_token), std::move(on_outcome),
-                                                     [&m](const outcome& o) { m.done(o); });
   auto refuse = [&](const char* reason, std::string message, int64_t retry_after) {
     outcome o;
+    o.request_id = id;
     o.kind = outcome_kind::rejected;
     o.reason = reason;
     o.message = std::move(message);
     o.retry_after_ms = retry_after;
-    reporter->report(std::move(o));
+    if (on_outcome) on_outcome(o);
+    m.done(o, false);
     return id;
   };
   if (!m.accepting.load()) return refuse("shutting_down", "the runtime is shutting down", -1);
@@ -171,11 +161,13 @@ uint64_t runtime::submit(request r, token_callback on_token, outcome_callback on
     tenant = t->second->name;
     tier = m.cfg.find_tier(t->second->tier);
   }
+  if (!m.door->enter()) {
+    return refuse("overloaded", fmt::format("{} requests are already in the runtime", m.door->capacity()), 1000);
+  }
+  auto reporter = std::make_shared<request_reporter>(id, std::move(on_token), std::move(on_outcome),
+                                                     [&m](const outcome& o) { m.done(o, true); });
   {
     std::lock_guard lock(m.mu);
-    if (static_cast<int32_t>(m.live.size()) >= m.max_live) {
-      return refuse("overloaded", fmt::format("{} requests are already in the runtime", m.live.size()), 1000);
-    }
     m.live.emplace(id, caf::actor{});
   }
   session_options so;
@@ -188,7 +180,7 @@ uint64_t runtime::submit(request r, token_callback on_token, outcome_callback on
   so.max_context = m.lim.max_context;
   so.max_prompt_tokens = m.lim.max_prompt_tokens;
   so.default_max_tokens = m.cfg.admission.default_max_tokens;
-  so.admission = m.admission;
+  so.admission = m.actors.admission;
   caf::actor s = spawn_session(*m.sys, std::move(so));
   std::lock_guard lock(m.mu);
   if (auto it = m.live.find(id); it != m.live.end()) it->second = s;
@@ -219,19 +211,19 @@ runtime_stats runtime::stats() {
   runtime_stats s;
   caf::scoped_actor self{*m.sys};
   const auto timeout = std::chrono::seconds(10);
-  self->request(m.engine, timeout, stats_atom::value)
+  self->request(m.actors.engine, timeout, stats_atom::value)
       .receive([&](int32_t running, int32_t waiting, int64_t steps, int64_t mailbox) {
         s.running = running;
         s.waiting_in_engine = waiting;
         s.steps = steps;
         s.max_mailbox_engine = mailbox;
       }, [](caf::error&) {});
-  self->request(m.admission, timeout, stats_atom::value)
+  self->request(m.actors.admission, timeout, stats_atom::value)
       .receive([&](int32_t queued, int64_t mailbox) {
         s.queued_in_admission = queued;
         s.max_mailbox_admission = mailbox;
       }, [](caf::error&) {});
-  self->request(m.kv, timeout, stats_atom::value)
+  self->request(m.actors.kv, timeout, stats_atom::value)
       .receive([&](int32_t total, int32_t free, int32_t cached_free, int32_t used, int64_t hits, int64_t misses,
                    int64_t evictions, int64_t mailbox) {
         s.kv_blocks_total = total;
@@ -243,7 +235,7 @@ runtime_stats runtime::stats() {
         s.evictions = evictions;
         s.max_mailbox_kv_manager = mailbox;
       }, [](caf::error&) {});
-  self->request(m.shard, timeout, stats_atom::value).receive([&](int restarts) { s.shard_restarts = restarts; },
+  self->request(m.actors.shard, timeout, stats_atom::value).receive([&](int restarts) { s.shard_restarts = restarts; },
                                                               [](caf::error&) {});
   std::lock_guard lock(m.mu);
   s.live_requests = static_cast<int32_t>(m.live.size());
@@ -266,9 +258,7 @@ void runtime::shutdown(std::chrono::milliseconds grace) {
     }
     m.idle.wait_for(lock, std::chrono::seconds(10), [&] { return m.live.empty(); });
   }
-  for (const caf::actor& a : {m.engine, m.admission, m.kv, m.shard}) {
-    caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-  }
+  stop_pipeline(m.actors);
   m.sys.reset();  // waits for every actor to finish
   m.stopped = true;
 }

@@ -71,8 +71,16 @@ struct supervisor_state {
   caf::actor child;
   int restarts = 0;
   int max_restarts = 0;
-  uint64_t seed = 0;
+  // Steps the current child owes an answer. A crashed child answers none of them (its
+  // promises die with it), so the supervisor fails them, and the engine re-runs the step.
+  std::map<uint64_t, caf::response_promise> in_flight;
+  uint64_t next = 0;
 };
+
+void fail_in_flight(caf::stateful_actor<supervisor_state>* self) {
+  for (auto& [id, rp] : self->state.in_flight) rp.deliver(caf::make_error(caf::sec::request_receiver_down));
+  self->state.in_flight.clear();
+}
 
 void start_child(caf::stateful_actor<supervisor_state>* self) {
   shard_options child_options = self->state.o;
@@ -91,6 +99,7 @@ caf::behavior shard_supervisor(caf::stateful_actor<supervisor_state>* self, shar
   self->set_down_handler([=](caf::down_msg& dm) {
     if (dm.source != self->state.child.address()) return;
     if (dm.reason == caf::exit_reason::normal || dm.reason == caf::exit_reason::user_shutdown) return;
+    fail_in_flight(self);
     if (self->state.restarts >= self->state.max_restarts) {
       self->quit(dm.reason);
       return;
@@ -103,8 +112,19 @@ caf::behavior shard_supervisor(caf::stateful_actor<supervisor_state>* self, shar
     self->quit(em.reason);
   });
   return {
-      [=](const step_request_msg& req) {
-        return self->delegate(self->state.child, req);
+      [=](const step_request_msg& req) -> caf::result<step_reply_msg> {
+        auto rp = self->make_response_promise<step_reply_msg>();
+        const uint64_t id = self->state.next++;
+        self->state.in_flight.emplace(id, rp);
+        self->request(self->state.child, caf::infinite, req)
+            .then(
+                [=](const step_reply_msg& reply) mutable {
+                  if (self->state.in_flight.erase(id)) rp.deliver(reply);
+                },
+                [=](caf::error& e) mutable {
+                  if (self->state.in_flight.erase(id)) rp.deliver(std::move(e));
+                });
+        return rp;
       },
       [=](crash_atom a) { self->send(self->state.child, a); },
       [=](stats_atom) { return self->state.restarts; },

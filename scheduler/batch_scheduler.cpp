@@ -50,12 +50,35 @@ kv_request batch_scheduler::propose() {
   r.commits = std::move(commits_);
   commits_.clear();
   plan_.clear();
+  const std::vector<seq_id> order = keep_order();
+  // The token budget goes first to one token for every running sequence that is decoding,
+  // then to prefill chunks (new, continuing or recomputed sequences) in keep order: running
+  // requests never starve behind a prefill that the KV pool may refuse.
+  std::map<seq_id, int32_t> tokens;
   int32_t budget = limits_.max_step_tokens, stepped = 0;
-  for (seq_id id : keep_order()) {
+  for (seq_id id : order) {
+    const sequence& s = seqs_.at(id);
+    if (s.running && !s.paused() && static_cast<int32_t>(s.tokens.size()) - s.computed == 1 &&
+        stepped < limits_.max_step_seqs && budget > 0) {
+      tokens[id] = 1;
+      --budget;
+      ++stepped;
+    }
+  }
+  for (seq_id id : order) {
     const sequence& s = seqs_.at(id);
     const int32_t want = static_cast<int32_t>(s.tokens.size()) - s.computed;
-    const bool room = stepped < limits_.max_step_seqs && budget > 0 && !s.paused();
-    const int32_t n = room ? std::min(want, budget) : 0;
+    if (tokens.count(id) || s.paused() || (want <= 1 && s.running)) continue;
+    if (stepped >= limits_.max_step_seqs || budget <= 0) break;
+    const int32_t n = std::min(want, budget);
+    tokens[id] = n;
+    budget -= n;
+    ++stepped;
+  }
+  for (seq_id id : order) {
+    const sequence& s = seqs_.at(id);
+    auto t = tokens.find(id);
+    const int32_t n = t == tokens.end() ? 0 : t->second;
     if (!s.running && n == 0) continue;  // waiting and not this step: nothing to hold
     kv_entry e;
     e.seq = id;
@@ -64,12 +87,8 @@ kv_request batch_scheduler::propose() {
     e.write_from = s.computed;
     e.preemptable = s.preemptions < limits_.max_preemptions;
     if (e.admit) e.prompt = s.tokens;
-    r.entries.push_back(std::move(e));
     plan_.push_back({id, e.positions});
-    if (n > 0) {
-      budget -= n;
-      ++stepped;
-    }
+    r.entries.push_back(std::move(e));
   }
   return r;
 }
@@ -92,7 +111,11 @@ step_batch batch_scheduler::finalize(const kv_reply& reply) {
   for (size_t i = 0; i < plan_.size(); ++i) {
     const kv_grant& g = reply.grants[i];
     auto it = seqs_.find(plan_[i].seq);
-    if (!g.granted || it == seqs_.end()) continue;
+    if (!g.granted) continue;
+    if (it == seqs_.end()) {  // cancelled while the KV request was out: give the blocks back
+      if (std::find(releases_.begin(), releases_.end(), plan_[i].seq) == releases_.end()) releases_.push_back(plan_[i].seq);
+      continue;
+    }
     sequence& s = it->second;
     if (!s.running) {
       s.running = true;

@@ -1,0 +1,189 @@
+// The runtime's actors under load on the sim backend, deterministic (virtual time).
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "tests/actors/sim_harness.hpp"
+
+namespace tireless::test {
+namespace {
+
+void expect_exactly_one_outcome_each(const sim_harness& h, uint64_t submitted) {
+  ASSERT_EQ(h.outcomes().size(), submitted);
+  for (const auto& [id, list] : h.outcomes()) ASSERT_EQ(list.size(), 1u) << "request " << id;
+}
+
+TEST(runtime_sim, a_request_completes_with_its_tokens) {
+  sim_harness h;
+  const uint64_t id = h.submit(tokens_request(40, 12));
+  h.run();
+  ASSERT_EQ(h.outcomes().at(id).size(), 1u);
+  const outcome& o = h.outcomes().at(id)[0];
+  EXPECT_EQ(o.kind, outcome_kind::completed) << o.message;
+  EXPECT_EQ(o.reason, "max_tokens");
+  EXPECT_EQ(o.tokens.size(), 12u);
+  EXPECT_EQ(o.prompt_tokens, 40);
+  EXPECT_GT(o.time_to_first_token_ms, 0.0) << "total " << o.total_ms << " virtual " << h.backend().virtual_seconds();
+  EXPECT_EQ(h.kv().free, h.kv().total);
+}
+
+TEST(runtime_sim, a_flood_of_10000_requests_ends_each_once_with_mailboxes_bounded) {
+  sim_harness h;
+  const uint64_t n = 10000;
+  for (uint64_t i = 0; i < n; ++i) h.submit(tokens_request(20 + static_cast<int>(i % 50), 8, static_cast<uint32_t>(i)), i % 3);
+  h.run();
+  expect_exactly_one_outcome_each(h, n);
+  int completed = 0, rejected = 0;
+  for (const auto& [id, list] : h.outcomes()) {
+    if (list[0].kind == outcome_kind::completed) ++completed;
+    if (list[0].kind == outcome_kind::rejected) {
+      ++rejected;
+      EXPECT_GT(list[0].retry_after_ms, 0) << "a refusal for load says when to retry";
+    }
+  }
+  EXPECT_GT(completed, 0);
+  EXPECT_EQ(completed + rejected, static_cast<int>(n));
+  // The door lets in at most its capacity; every mailbox stays below it.
+  const int64_t bound = h.door().capacity();
+  EXPECT_LE(h.admission().max_mailbox, bound);
+  EXPECT_LE(h.engine().max_mailbox, bound);
+  EXPECT_LE(h.kv().max_mailbox, 2);
+  EXPECT_EQ(h.kv().free, h.kv().total);
+  EXPECT_EQ(h.door().inside(), 0);
+}
+
+TEST(runtime_sim, a_full_tier_queue_refuses_at_once_with_a_retry_hint) {
+  harness_options o;
+  o.tiers = {{"only", 1, 4}};
+  o.max_step_seqs = 2;
+  sim_harness h(o);
+  for (int i = 0; i < 20; ++i) h.submit(tokens_request(30, 50, i));
+  h.run();
+  int rejected = 0;
+  for (const auto& [id, list] : h.outcomes()) {
+    if (list[0].kind == outcome_kind::rejected) {
+      ++rejected;
+      EXPECT_EQ(list[0].reason, "overloaded");
+      EXPECT_GE(list[0].retry_after_ms, 0);
+    }
+  }
+  EXPECT_GT(rejected, 0);
+  EXPECT_EQ(h.kv().free, h.kv().total);
+}
+
+TEST(runtime_sim, higher_tiers_start_first_when_the_engine_is_full) {
+  harness_options o;
+  o.max_step_seqs = 1;
+  sim_harness h(o);
+  std::vector<uint64_t> free_ids, premium_ids;
+  for (int i = 0; i < 4; ++i) free_ids.push_back(h.submit(tokens_request(30, 20, i), 2));
+  for (int i = 0; i < 4; ++i) premium_ids.push_back(h.submit(tokens_request(30, 20, 100 + i), 0));
+  h.run();
+  double worst_premium = 0, best_late_free = 1e300;
+  for (uint64_t id : premium_ids) worst_premium = std::max(worst_premium, h.outcomes().at(id)[0].time_to_first_token_ms);
+  for (size_t i = 2; i < free_ids.size(); ++i)
+    best_late_free = std::min(best_late_free, h.outcomes().at(free_ids[i])[0].time_to_first_token_ms);
+  EXPECT_LT(worst_premium, best_late_free) << "premium requests overtake queued free ones";
+}
+
+TEST(runtime_sim, cancelling_queued_and_running_requests_frees_everything) {
+  sim_harness h;
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 60; ++i) ids.push_back(h.submit(tokens_request(100, 200, i), i % 3));
+  h.run_for(std::chrono::milliseconds(300));
+  for (size_t i = 0; i < ids.size(); i += 2) h.cancel(ids[i]);
+  h.run();
+  expect_exactly_one_outcome_each(h, ids.size());
+  for (size_t i = 0; i < ids.size(); i += 2) {
+    const outcome& o = h.outcomes().at(ids[i])[0];
+    if (o.kind == outcome_kind::cancelled) EXPECT_EQ(o.reason, "client");
+  }
+  EXPECT_EQ(h.kv().free, h.kv().total);
+}
+
+TEST(runtime_sim, deadlines_end_requests_as_cancelled_deadline) {
+  sim_harness h;
+  request r = tokens_request(50, 1500);
+  r.timeout = std::chrono::milliseconds(200);
+  const uint64_t id = h.submit(r);
+  h.run();
+  const outcome& o = h.outcomes().at(id)[0];
+  EXPECT_EQ(o.kind, outcome_kind::cancelled);
+  EXPECT_EQ(o.reason, "deadline");
+  EXPECT_NEAR(o.total_ms, 200.0, 1.0);
+  EXPECT_EQ(h.kv().free, h.kv().total);
+}
+
+TEST(runtime_sim, a_small_pool_preempts_and_every_request_still_completes) {
+  harness_options o;
+  o.kv_blocks = 24;  // 384 tokens: room for about three of these at once
+  sim_harness h(o);
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 12; ++i) ids.push_back(h.submit(tokens_request(60, 60, i), i % 3));
+  h.run();
+  expect_exactly_one_outcome_each(h, ids.size());
+  int preemptions = 0;
+  for (uint64_t id : ids) {
+    const outcome& out = h.outcomes().at(id)[0];
+    EXPECT_EQ(out.kind, outcome_kind::completed) << out.message;
+    EXPECT_EQ(out.tokens.size(), 60u);
+    preemptions += out.preemptions;
+  }
+  EXPECT_GT(preemptions, 0) << "the pool was meant to be too small";
+  EXPECT_EQ(h.kv().free, h.kv().total);
+}
+
+TEST(runtime_sim, a_crashing_shard_is_restarted_and_no_request_is_lost) {
+  harness_options o;
+  o.crash_probability = 0.05;
+  sim_harness h(o);
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back(h.submit(tokens_request(40, 30, i), i % 3));
+  h.run();
+  expect_exactly_one_outcome_each(h, ids.size());
+  int completed = 0;
+  for (uint64_t id : ids) completed += h.outcomes().at(id)[0].kind == outcome_kind::completed;
+  EXPECT_GT(h.shard_restarts(), 0);
+  EXPECT_GE(completed, 35) << "a step is retried after a crash; only repeated crashes fail a request";
+  EXPECT_EQ(h.kv().free, h.kv().total);
+}
+
+// Seeded random mixes of submits, cancels, deadlines and shard crashes.
+class random_scenarios : public ::testing::TestWithParam<uint32_t> {};
+
+TEST_P(random_scenarios, every_request_ends_once_blocks_are_conserved_and_mailboxes_bounded) {
+  std::mt19937 rng(GetParam());
+  harness_options o;
+  o.kv_blocks = 48 + static_cast<int32_t>(rng() % 64);
+  o.seed = GetParam();
+  o.crash_probability = (rng() % 3 == 0) ? 0.02 : 0.0;
+  sim_harness h(o);
+  std::vector<uint64_t> ids;
+  for (int round = 0; round < 30; ++round) {
+    const int arrivals = static_cast<int>(rng() % 12);
+    for (int i = 0; i < arrivals; ++i) {
+      request r = tokens_request(1 + static_cast<int>(rng() % 300), 1 + static_cast<int>(rng() % 80),
+                                 static_cast<uint32_t>(rng()));
+      if (rng() % 5 == 0) r.timeout = std::chrono::milliseconds(10 + rng() % 2000);
+      if (rng() % 7 == 0) r.token_window = 1 + static_cast<int32_t>(rng() % 8);
+      ids.push_back(h.submit(r, rng() % 3));
+    }
+    if (!ids.empty() && rng() % 3 == 0) h.cancel(ids[rng() % ids.size()]);
+    if (rng() % 10 == 0) h.crash_shard();
+    h.run_for(std::chrono::milliseconds(rng() % 400));
+  }
+  h.run();
+  const auto e = h.engine();
+  EXPECT_EQ(e.running + e.waiting, 0) << "running " << e.running << " waiting " << e.waiting << " queued "
+                                       << h.admission().queued << " restarts " << h.shard_restarts();
+  expect_exactly_one_outcome_each(h, ids.size());
+  EXPECT_EQ(h.kv().free, h.kv().total);
+  EXPECT_EQ(h.door().inside(), 0);
+  EXPECT_LE(h.admission().max_mailbox, h.door().capacity());
+  EXPECT_LE(h.engine().max_mailbox, h.door().capacity());
+}
+
+INSTANTIATE_TEST_SUITE_P(seeds, random_scenarios, ::testing::Range(1u, 101u));
+
+}  // namespace
+}  // namespace tireless::test
