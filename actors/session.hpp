@@ -32,8 +32,8 @@ class request_reporter {
   bool report(outcome o) {
     if (reported_.exchange(true)) return false;
     o.request_id = id_;
+    if (on_done_) on_done_(o);  // first: once the caller hears of the outcome, the request is gone
     if (on_outcome_) on_outcome_(o);
-    if (on_done_) on_done_(o);
     return true;
   }
 

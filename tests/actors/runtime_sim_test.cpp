@@ -96,7 +96,9 @@ TEST(runtime_sim, cancelling_queued_and_running_requests_frees_everything) {
   expect_exactly_one_outcome_each(h, ids.size());
   for (size_t i = 0; i < ids.size(); i += 2) {
     const outcome& o = h.outcomes().at(ids[i])[0];
-    if (o.kind == outcome_kind::cancelled) EXPECT_EQ(o.reason, "client");
+    if (o.kind == outcome_kind::cancelled) {
+      EXPECT_EQ(o.reason, "client");
+    }
   }
   EXPECT_EQ(h.kv().free, h.kv().total);
 }
