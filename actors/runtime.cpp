@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "actors/expert_shard.hpp"
 #include "actors/messages.hpp"
 #include "actors/pipeline.hpp"
 #include "actors/request_door.hpp"
@@ -25,6 +26,7 @@ struct runtime::impl {
   std::shared_ptr<backend> be;
   std::unique_ptr<caf::actor_system_config> sys_cfg;
   std::unique_ptr<caf::actor_system> sys;
+  std::unique_ptr<remote_experts> experts;  // MoE experts on expert shards, when configured
   pipeline actors;
   std::unordered_map<std::string, const tenant_settings*> tenant_by_key;
   std::unique_ptr<request_door> door;
@@ -74,6 +76,10 @@ std::shared_ptr<backend> make_backend(Impl& r) {
   const int64_t kv_bytes_per_token = int64_t{mc.n_layer} * mc.kv_dim() * 2 * 2;
   r.lim = resolve_limits(c, {mc.n_ctx_train, kv_bytes_per_token});
   cpu::cpu_backend_options o;
+  if (mc.is_moe() && c.backend.expert_shards > 0) {
+    r.experts = std::make_unique<remote_experts>(*r.sys, r.lm, c.backend.expert_shards, c.engine.max_step_tokens);
+    o.experts = r.experts.get();
+  }
   o.threads = c.backend.threads;
   o.block_size = c.kv.block_size;
   o.kv_blocks = r.lim.kv_blocks;
@@ -90,13 +96,13 @@ runtime::runtime(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 std::unique_ptr<runtime> runtime::start(const runtime_config& config) {
   auto r = std::make_unique<impl>();
   r->cfg = config;
+  r->sys_cfg = std::make_unique<caf::actor_system_config>();
+  r->sys_cfg->set("scheduler.max-threads", static_cast<size_t>(std::max(2u, std::thread::hardware_concurrency())));
+  r->sys = std::make_unique<caf::actor_system>(*r->sys_cfg);
   r->be = make_backend(*r);
   for (const tenant_settings& t : r->cfg.tenants) {
     for (const std::string& k : t.keys) r->tenant_by_key[k] = &t;
   }
-  r->sys_cfg = std::make_unique<caf::actor_system_config>();
-  r->sys_cfg->set("scheduler.max-threads", static_cast<size_t>(std::max(2u, std::thread::hardware_concurrency())));
-  r->sys = std::make_unique<caf::actor_system>(*r->sys_cfg);
 
   const kv_geometry geo = r->be->kv();
   pipeline_options po;
@@ -259,6 +265,7 @@ void runtime::shutdown(std::chrono::milliseconds grace) {
     m.idle.wait_for(lock, std::chrono::seconds(10), [&] { return m.live.empty(); });
   }
   stop_pipeline(m.actors);
+  m.experts.reset();
   m.sys.reset();  // waits for every actor to finish
   m.stopped = true;
 }

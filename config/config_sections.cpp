@@ -163,6 +163,7 @@ backend_settings read_backend(table_reader& r) {
   const bool profile_given = r.read("sim_profile", s.sim_profile);
   r.read("max_context", s.max_context, {0, max_tokens_ever, "tokens; 0 = the model's"});
   const bool real_time_given = r.read("real_time", s.real_time);
+  r.read("expert_shards", s.expert_shards, {0, 64, "expert shard actors; 0 = experts run in the attention shard"});
   if (s.kind == backend_kind::sim) {
     if (s.sim_profile.empty())
       r.diag().error(r.where("sim_profile"), r.key_path("sim_profile"),

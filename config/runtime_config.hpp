@@ -79,6 +79,9 @@ struct backend_settings {
   std::string sim_profile = "cpu-smollm2";  // the sim backend's cost model (kind = sim)
   int32_t max_context = 0;                  // tokens per sequence; 0 = the model's
   bool real_time = true;                    // sim: steps take real time (false: a virtual clock)
+  // MoE models: expert shard actors the experts are spread over (round robin); 0 = the
+  // experts run inside the attention shard.
+  int32_t expert_shards = 0;
 };
 
 struct kv_settings {
