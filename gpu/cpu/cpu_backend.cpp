@@ -114,6 +114,7 @@ class cpu_backend final : public backend {
   };
   std::vector<attention_task> tasks_;
   std::vector<int64_t> out_rows_;
+  std::vector<int64_t> out_of_seq_;  // per sequence: its row of logits_, or -1
 
   // Scratch, sized once for max_step_tokens.
   std::vector<float> x_, h_, q_, kx_, vx_, att_, tmp_, g_, u_, router_, gates_, logits_;
@@ -461,23 +462,23 @@ void cpu_backend::output(const step_batch& b, step_result& result) {
     hq = &storage;
   }
   matmul(pool_, k_, *output_, h_.data(), e, hq, n_out, logits_.data(), v);
-  std::vector<int64_t> out_of_seq(b.seqs.size(), -1);
+  out_of_seq_.assign(b.seqs.size(), -1);
   for (size_t s = 0, i = 0; s < b.seqs.size(); ++s) {
-    if (b.seqs[s].sample || b.seqs[s].want_logits) out_of_seq[s] = static_cast<int64_t>(i++);
+    if (b.seqs[s].sample || b.seqs[s].want_logits) out_of_seq_[s] = static_cast<int64_t>(i++);
   }
   pool_.parallel_for(static_cast<int64_t>(b.seqs.size()), 1, [&](int64_t begin, int64_t end) {
     thread_local sampler_scratch scratch;
     for (int64_t s = begin; s < end; ++s) {
       const sequence_step& q = b.seqs[s];
       if (!q.sample) continue;
-      const std::span<const float> logits(&logits_[out_of_seq[s] * v], static_cast<size_t>(v));
+      const std::span<const float> logits(&logits_[out_of_seq_[s] * v], static_cast<size_t>(v));
       const uint64_t draw = static_cast<uint64_t>(q.start_pos) + q.tokens.size();
       result.next[s] = sample(logits, q.sampling, draw, scratch);
     }
   });
   for (size_t s = 0; s < b.seqs.size(); ++s) {
     if (!b.seqs[s].want_logits) continue;
-    const float* l = &logits_[out_of_seq[s] * v];
+    const float* l = &logits_[out_of_seq_[s] * v];
     result.logits.insert(result.logits.end(), l, l + v);
   }
 }
