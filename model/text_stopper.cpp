@@ -14,8 +14,9 @@ text_stopper::piece text_stopper::push(token_id id) {
   piece out;
   if (stopped_) return {"", true};
   if (std::find(stop_tokens_.begin(), stop_tokens_.end(), id) != stop_tokens_.end()) {
+    std::string rest = finish();
     stopped_ = true;
-    return {finish(), true};
+    return {std::move(rest), true};
   }
   pending_ += decoder_.push(id);
   size_t cut = std::string::npos;
@@ -43,6 +44,7 @@ text_stopper::piece text_stopper::push(token_id id) {
 }
 
 std::string text_stopper::finish() {
+  if (stopped_) return {};  // what followed the stop was never to be shown
   std::string rest = std::move(pending_);
   pending_.clear();
   rest += decoder_.flush();
