@@ -212,44 +212,74 @@ bool runtime::cancel(uint64_t id) {
   return true;
 }
 
-runtime_stats runtime::stats() {
+void runtime::acknowledge(uint64_t id, int32_t n) {
+  caf::actor s;
+  {
+    std::lock_guard lock(impl_->mu);
+    auto it = impl_->live.find(id);
+    if (it == impl_->live.end() || !it->second) return;
+    s = it->second;
+  }
+  caf::anon_send(s, ack_atom::value, n);
+}
+
+void runtime::stats_async(std::function<void(const runtime_stats&)> done) {
   impl& m = *impl_;
-  runtime_stats s;
-  caf::scoped_actor self{*m.sys};
-  const auto timeout = std::chrono::seconds(10);
-  self->request(m.actors.engine, timeout, stats_atom::value)
-      .receive([&](int32_t running, int32_t waiting, int64_t steps, int64_t mailbox) {
-        s.running = running;
-        s.waiting_in_engine = waiting;
-        s.steps = steps;
-        s.max_mailbox_engine = mailbox;
-      }, [](caf::error&) {});
-  self->request(m.actors.admission, timeout, stats_atom::value)
-      .receive([&](int32_t queued, int64_t mailbox) {
-        s.queued_in_admission = queued;
-        s.max_mailbox_admission = mailbox;
-      }, [](caf::error&) {});
-  self->request(m.actors.kv, timeout, stats_atom::value)
-      .receive([&](int32_t total, int32_t free, int32_t cached_free, int32_t used, int64_t hits, int64_t misses,
-                   int64_t evictions, int64_t mailbox) {
-        s.kv_blocks_total = total;
-        s.kv_blocks_free = free;
-        s.kv_blocks_cached_free = cached_free;
-        s.kv_blocks_used = used;
-        s.prefix_hit_blocks = hits;
-        s.prefix_miss_blocks = misses;
-        s.evictions = evictions;
-        s.max_mailbox_kv_manager = mailbox;
-      }, [](caf::error&) {});
-  self->request(m.actors.shard, timeout, stats_atom::value).receive([&](int restarts) { s.shard_restarts = restarts; },
-                                                              [](caf::error&) {});
-  std::lock_guard lock(m.mu);
-  s.live_requests = static_cast<int32_t>(m.live.size());
-  s.completed = m.completed;
-  s.rejected = m.rejected;
-  s.cancelled = m.cancelled;
-  s.failed = m.failed;
-  return s;
+  if (m.stopped) {
+    done(runtime_stats{});
+    return;
+  }
+  const pipeline actors = m.actors;
+  m.sys->spawn([&m, actors, done](caf::event_based_actor* self) {
+    auto s = std::make_shared<runtime_stats>();
+    const auto timeout = std::chrono::seconds(10);
+    auto finish = [&m, s, done, self] {
+      {
+        std::lock_guard lock(m.mu);
+        s->live_requests = static_cast<int32_t>(m.live.size());
+        s->completed = m.completed;
+        s->rejected = m.rejected;
+        s->cancelled = m.cancelled;
+        s->failed = m.failed;
+      }
+      done(*s);
+      self->quit();
+    };
+    self->request(actors.engine, timeout, stats_atom::value)
+        .then([=](int32_t running, int32_t waiting, int64_t steps, int64_t mailbox) {
+          s->running = running;
+          s->waiting_in_engine = waiting;
+          s->steps = steps;
+          s->max_mailbox_engine = mailbox;
+          self->request(actors.admission, timeout, stats_atom::value).then([=](int32_t queued, int64_t mailbox) {
+            s->queued_in_admission = queued;
+            s->max_mailbox_admission = mailbox;
+            self->request(actors.kv, timeout, stats_atom::value)
+                .then([=](int32_t total, int32_t free, int32_t cached_free, int32_t used, int64_t hits, int64_t misses,
+                          int64_t evictions, int64_t mailbox) {
+                  s->kv_blocks_total = total;
+                  s->kv_blocks_free = free;
+                  s->kv_blocks_cached_free = cached_free;
+                  s->kv_blocks_used = used;
+                  s->prefix_hit_blocks = hits;
+                  s->prefix_miss_blocks = misses;
+                  s->evictions = evictions;
+                  s->max_mailbox_kv_manager = mailbox;
+                  self->request(actors.shard, timeout, stats_atom::value).then([=](int restarts) {
+                    s->shard_restarts = restarts;
+                    finish();
+                  }, [=](caf::error&) { finish(); });
+                }, [=](caf::error&) { finish(); });
+          }, [=](caf::error&) { finish(); });
+        }, [=](caf::error&) { finish(); });
+  });
+}
+
+runtime_stats runtime::stats() {
+  auto p = std::make_shared<std::promise<runtime_stats>>();
+  auto f = p->get_future();
+  stats_async([p](const runtime_stats& s) { p->set_value(s); });
+  return f.get();
 }
 
 void runtime::shutdown(std::chrono::milliseconds grace) {

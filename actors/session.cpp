@@ -193,7 +193,7 @@ void on_tokens(self_ptr self, const tokens_msg& msg) {
     finish(self, base_outcome(self, outcome_kind::completed, "stop_string"), true);
     return;
   }
-  if (st.o.req.token_window > 0 && st.engine) {
+  if (st.o.req.token_window > 0 && !st.o.req.manual_ack && st.engine) {
     self->send(st.engine, ack_atom::value, st.o.reporter->id(), static_cast<int32_t>(r.getTokens().size()));
   }
 }
@@ -239,6 +239,9 @@ caf::behavior session(self_ptr self, session_options o) {
       [=](deadline_atom) {
         finish(self, base_outcome(self, outcome_kind::cancelled, "deadline",
                                   "the request's timeout passed before it finished"), true);
+      },
+      [=](ack_atom, int32_t n) {  // manual_ack: the host's consumer took n tokens
+        if (self->state.engine) self->send(self->state.engine, ack_atom::value, self->state.o.reporter->id(), n);
       },
       [=](cancel_atom, int32_t why) {
         finish(self, base_outcome(self, outcome_kind::cancelled, why == 1 ? "shutdown" : "client"), true);

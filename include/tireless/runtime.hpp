@@ -43,6 +43,9 @@ struct request {
   std::vector<std::string> stop;       // stop sequences (not included in the text)
   std::chrono::milliseconds timeout{0};  // from submission; 0: none
   int32_t token_window = 0;            // tokens sent ahead of the consumer; 0: no flow control
+  // With a window: false, a token counts as taken once on_token returns; true, only when the
+  // host calls runtime::acknowledge (a server acknowledges what its client has received).
+  bool manual_ack = false;
 };
 
 enum class outcome_kind { completed, rejected, cancelled, failed };
@@ -96,8 +99,12 @@ class runtime {
   std::future<outcome> generate(request r);
   // Ends a request early (outcome: cancelled, client). false if it already ended.
   bool cancel(uint64_t request_id);
+  // For requests with manual_ack: the consumer has taken n more tokens (opens the window).
+  void acknowledge(uint64_t request_id, int32_t n);
 
-  runtime_stats stats();
+  runtime_stats stats();  // blocks until the actors answered
+  // The same without blocking: `done` runs on a runtime thread with the answer.
+  void stats_async(std::function<void(const runtime_stats&)> done);
   std::string describe() const;
   // Stops accepting; lets requests finish for up to `grace`; cancels the rest (each gets
   // its outcome); stops the actors.

@@ -1,0 +1,297 @@
+#include "server/inference_service.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <optional>
+
+namespace tireless {
+
+namespace {
+
+class log_errors final : public kj::TaskSet::ErrorHandler {
+ public:
+  void taskFailed(kj::Exception&& e) override { spdlog::debug("rpc task failed: {}", e.getDescription().cStr()); }
+};
+log_errors task_errors;
+
+proto::Completion::Reason completion_reason(const std::string& r) {
+  if (r == "stop_string") return proto::Completion::Reason::STOP_STRING;
+  if (r == "max_tokens") return proto::Completion::Reason::MAX_TOKENS;
+  if (r == "context_full") return proto::Completion::Reason::CONTEXT_FULL;
+  return proto::Completion::Reason::STOP_TOKEN;
+}
+
+proto::Rejection::Reason rejection_reason(const std::string& r) {
+  if (r == "quota_exceeded") return proto::Rejection::Reason::QUOTA_EXCEEDED;
+  if (r == "unauthenticated") return proto::Rejection::Reason::UNAUTHENTICATED;
+  if (r == "invalid") return proto::Rejection::Reason::INVALID;
+  if (r == "prompt_too_long") return proto::Rejection::Reason::PROMPT_TOO_LONG;
+  if (r == "shutting_down") return proto::Rejection::Reason::SHUTTING_DOWN;
+  return proto::Rejection::Reason::OVERLOADED;
+}
+
+proto::Cancellation::Reason cancellation_reason(const std::string& r) {
+  if (r == "deadline") return proto::Cancellation::Reason::DEADLINE;
+  if (r == "shutdown") return proto::Cancellation::Reason::SHUTDOWN;
+  return proto::Cancellation::Reason::CLIENT;
+}
+
+outcome invalid(std::string message) {
+  outcome o;
+  o.kind = outcome_kind::rejected;
+  o.reason = "invalid";
+  o.message = std::move(message);
+  return o;
+}
+
+}  // namespace
+
+void fill_outcome(proto::Outcome::Builder b, const outcome& o) {
+  b.setRequestId(o.request_id);
+  switch (o.kind) {
+    case outcome_kind::completed: b.initCompleted().setReason(completion_reason(o.reason)); break;
+    case outcome_kind::rejected: {
+      auto r = b.initRejected();
+      r.setReason(rejection_reason(o.reason));
+      r.setMessage(o.message);
+      r.setRetryAfterMs(o.retry_after_ms);
+      break;
+    }
+    case outcome_kind::cancelled: b.initCancelled().setReason(cancellation_reason(o.reason)); break;
+    case outcome_kind::failed: b.initFailed().setMessage(o.message.empty() ? o.reason : o.message); break;
+  }
+  auto d = b.initDegradations(static_cast<unsigned>(o.degradations.size()));
+  for (unsigned i = 0; i < o.degradations.size(); ++i) d.set(i, o.degradations[i]);
+  auto u = b.initUsage();
+  u.setPromptTokens(o.prompt_tokens);
+  u.setCompletionTokens(o.completion_tokens);
+  u.setCachedPromptTokens(o.cached_prompt_tokens);
+  u.setPreemptions(o.preemptions);
+  auto t = b.initTimings();
+  t.setQueuedMs(o.queued_ms);
+  t.setTimeToFirstTokenMs(o.time_to_first_token_ms);
+  t.setTotalMs(o.total_ms);
+}
+
+// One generation's delivery to its client, touched only on the loop's thread.
+struct inference_service::generation_state {
+  uint64_t id = 0;
+  std::string tenant;
+  rpc::TokenSink::Client sink;
+  std::string pending_text;
+  std::vector<int32_t> pending_ids;
+  int32_t generated = 0;
+  bool sending = false;    // a tokens() call is in flight
+  bool broken = false;     // the client went away
+  std::optional<outcome> final;
+  bool done_sent = false;
+  std::vector<kj::Own<kj::PromiseFulfiller<void>>> waiters;  // outcome() calls
+
+  explicit generation_state(rpc::TokenSink::Client s) : sink(kj::mv(s)) {}
+};
+
+namespace {
+
+using state_ptr = std::shared_ptr<inference_service::generation_state>;
+
+// Sends what is pending: one tokens() chunk at a time (later tokens merge into the next
+// chunk), acknowledging each chunk to the runtime once the stream has room for it; then, at
+// the end, done().
+void pump(state_ptr s, runtime& rt, kj::TaskSet& tasks, std::function<void()> on_delivered) {
+  if (s->sending || s->broken) return;
+  if (!s->pending_ids.empty()) {
+    s->sending = true;
+    auto req = s->sink.tokensRequest();
+    auto chunk = req.initChunk();
+    chunk.setText(s->pending_text);
+    auto ids = chunk.initIds(static_cast<unsigned>(s->pending_ids.size()));
+    for (unsigned i = 0; i < s->pending_ids.size(); ++i) ids.set(i, s->pending_ids[i]);
+    const auto n = static_cast<int32_t>(s->pending_ids.size());
+    s->pending_text.clear();
+    s->pending_ids.clear();
+    tasks.add(req.send().then(
+        [s, &rt, &tasks, n, on_delivered]() mutable {
+          s->sending = false;
+          if (!s->final) rt.acknowledge(s->id, n);
+          pump(s, rt, tasks, on_delivered);
+        },
+        [s, &rt](kj::Exception&&) {
+          s->sending = false;
+          s->broken = true;  // the client is gone: stop its request
+          rt.cancel(s->id);
+        }));
+    return;
+  }
+  if (s->final && !s->done_sent) {
+    s->done_sent = true;
+    auto req = s->sink.doneRequest();
+    fill_outcome(req.initOutcome(), *s->final);
+    tasks.add(req.send().ignoreResult().then([on_delivered] { on_delivered(); },
+                                             [on_delivered](kj::Exception&&) { on_delivered(); }));
+  }
+}
+
+class generation_impl final : public rpc::Generation::Server {
+ public:
+  generation_impl(state_ptr s, runtime& rt) : s_(std::move(s)), rt_(rt) {}
+  ~generation_impl() {
+    if (!s_->final) rt_.cancel(s_->id);  // dropping the Generation cancels the request
+  }
+
+ protected:
+  kj::Promise<void> cancel(CancelContext) override {
+    rt_.cancel(s_->id);
+    return kj::READY_NOW;
+  }
+  kj::Promise<void> status(StatusContext context) override {
+    auto r = context.getResults();
+    r.setState(s_->final ? rpc::Generation::State::FINISHED : rpc::Generation::State::RUNNING);
+    r.setTokens(s_->generated);
+    return kj::READY_NOW;
+  }
+  kj::Promise<void> outcome(OutcomeContext context) override {
+    if (s_->final) {
+      fill_outcome(context.getResults().initOutcome(), *s_->final);
+      return kj::READY_NOW;
+    }
+    auto pf = kj::newPromiseAndFulfiller<void>();
+    s_->waiters.push_back(kj::mv(pf.fulfiller));
+    auto s = s_;
+    return pf.promise.then([s, context]() mutable { fill_outcome(context.getResults().initOutcome(), *s->final); });
+  }
+
+ private:
+  state_ptr s_;
+  runtime& rt_;
+};
+
+}  // namespace
+
+inference_service::inference_service(runtime& rt, kj_bridge& bridge, const runtime_config& config,
+                                     service_info info, decode_limits limits)
+    : rt_(rt),
+      bridge_(bridge),
+      config_(config),
+      info_(std::move(info)),
+      limits_(std::move(limits)),
+      tasks_(task_errors),
+      live_(std::make_shared<std::map<uint64_t, std::shared_ptr<generation_state>>>()) {
+  for (const tenant_settings& t : config.tenants) {
+    for (const std::string& k : t.keys) tenant_of_key_[k] = t.name;
+  }
+}
+
+inference_service::~inference_service() = default;
+
+size_t inference_service::unfinished() const { return live_->size(); }
+
+void inference_service::finished(const std::string& tenant, const outcome& o) {
+  if (tenant.empty()) return;
+  tenant_counters& c = counters_[tenant];
+  switch (o.kind) {
+    case outcome_kind::completed: ++c.completed; break;
+    case outcome_kind::rejected: ++c.rejected; break;
+    case outcome_kind::cancelled: ++c.cancelled; break;
+    case outcome_kind::failed: ++c.failed; break;
+  }
+  c.prompt_tokens += o.prompt_tokens;
+  c.completion_tokens += o.completion_tokens;
+}
+
+kj::Promise<void> inference_service::generate(GenerateContext context) {
+  auto params = context.getParams();
+  auto s = std::make_shared<generation_state>(params.getSink());
+  auto decoded = decode_request(params.getRequest(), limits_);
+  if (auto it = tenant_of_key_.find(params.getRequest().getApiKey()); it != tenant_of_key_.end()) {
+    s->tenant = it->second;
+  }
+  auto live = live_;
+  auto deliver = [this, s, live](const outcome& o) {
+    s->final = o;
+    finished(s->tenant, o);
+    for (auto& w : s->waiters) w->fulfill();
+    s->waiters.clear();
+    pump(s, rt_, tasks_, [s, live] { live->erase(s->id); });
+  };
+  if (auto* error = std::get_if<std::string>(&decoded)) {
+    spdlog::debug("refused a malformed request: {}", *error);
+    deliver(invalid(*error));
+  } else if (!accepting_) {
+    outcome o;
+    o.kind = outcome_kind::rejected;
+    o.reason = "shutting_down";
+    o.message = "the server is shutting down";
+    deliver(o);
+  } else {
+    auto& d = std::get<decoded_request>(decoded);
+    std::weak_ptr<generation_state> weak = s;
+    // Both callbacks run on runtime threads: they only post to the loop.
+    s->id = rt_.submit(
+        std::move(d.req),
+        [this, weak](const token_event& e) {
+          bridge_.post([this, weak, e] {
+            auto s = weak.lock();
+            if (!s || s->final) return;
+            s->pending_text += e.text;
+            s->pending_ids.insert(s->pending_ids.end(), e.tokens.begin(), e.tokens.end());
+            s->generated += static_cast<int32_t>(e.tokens.size());
+            pump(s, rt_, tasks_, nullptr);
+          });
+        },
+        [this, s, deliver](const outcome& o) { bridge_.post([o, deliver] { deliver(o); }); });
+    (*live)[s->id] = s;
+  }
+  context.getResults().setGeneration(kj::heap<generation_impl>(s, rt_));
+  return kj::READY_NOW;
+}
+
+kj::Promise<void> inference_service::models(ModelsContext context) {
+  auto list = context.getResults().initModels(1);
+  list[0].setName(info_.model_name);
+  list[0].setDescription(info_.description);
+  list[0].setContextLength(info_.context_length);
+  list[0].setVocabSize(info_.vocab_size);
+  return kj::READY_NOW;
+}
+
+kj::Promise<void> inference_service::health(HealthContext context) {
+  auto pf = kj::newPromiseAndFulfiller<runtime_stats>();
+  auto fulfiller = std::make_shared<kj::Own<kj::PromiseFulfiller<runtime_stats>>>(kj::mv(pf.fulfiller));
+  // The runtime answers on one of its threads; the answer comes back through the bridge.
+  rt_.stats_async([this, fulfiller](const runtime_stats& s) { bridge_.post([fulfiller, s] { (*fulfiller)->fulfill(runtime_stats(s)); }); });
+  return pf.promise.then([this, context](runtime_stats s) mutable {
+    auto h = context.getResults().initHealth();
+    h.setOk(true);
+    h.setAccepting(accepting_);
+    h.setRunning(s.running);
+    h.setQueued(s.queued_in_admission + s.waiting_in_engine);
+    h.setKvFreeBlocks(s.kv_blocks_free);
+    h.setKvTotalBlocks(s.kv_blocks_total);
+  });
+}
+
+kj::Promise<void> inference_service::stats(StatsContext context) {
+  const std::string key = context.getParams().getApiKey();
+  std::string tenant;
+  if (auto it = tenant_of_key_.find(key); it != tenant_of_key_.end()) tenant = it->second;
+  auto pf = kj::newPromiseAndFulfiller<runtime_stats>();
+  auto fulfiller = std::make_shared<kj::Own<kj::PromiseFulfiller<runtime_stats>>>(kj::mv(pf.fulfiller));
+  rt_.stats_async([this, fulfiller](const runtime_stats& s) { bridge_.post([fulfiller, s] { (*fulfiller)->fulfill(runtime_stats(s)); }); });
+  return pf.promise.then([this, context, tenant](runtime_stats s) mutable {
+    auto r = context.getResults().initStats();
+    r.setTenant(tenant);
+    if (!tenant.empty()) {
+      const tenant_counters& c = counters_[tenant];
+      r.setCompleted(c.completed);
+      r.setRejected(c.rejected);
+      r.setCancelled(c.cancelled);
+      r.setFailed(c.failed);
+      r.setPromptTokens(c.prompt_tokens);
+      r.setCompletionTokens(c.completion_tokens);
+    }
+    r.setServerRunning(s.running);
+    r.setServerQueued(s.queued_in_admission + s.waiting_in_engine);
+  });
+}
+
+}  // namespace tireless

@@ -1,0 +1,176 @@
+// tireless-serve: serves a model to Cap'n Proto RPC clients (protocol/tireless.capnp).
+//
+//   tireless-serve [--config config/tireless.toml] [--listen 127.0.0.1:7433 | --port N] ...
+//
+// Prints "listening on HOST:PORT" on stdout once it accepts connections. SIGTERM or SIGINT:
+// stops accepting, lets running requests finish for server.shutdown_grace_ms, cancels the
+// rest (each client gets its outcome) and exits 0.
+#include <CLI/CLI.hpp>
+#include <capnp/rpc-twoparty.h>
+#include <kj/async-io.h>
+#include <kj/async-unix.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+#include <thread>
+
+#include "model/model.hpp"
+#include "server/inference_service.hpp"
+#include "tireless/runtime.hpp"
+
+namespace {
+
+using namespace tireless;
+
+struct cli_overrides {
+  std::string listen, log_level, model, backend, sim_profile;
+  int port = -1;
+  int threads = -1;
+};
+
+std::pair<std::string, unsigned> split_host_port(const std::string& listen) {
+  const auto colon = listen.rfind(':');
+  if (colon == std::string::npos) throw std::runtime_error("server.listen '" + listen + "' is not HOST:PORT");
+  return {listen.substr(0, colon), static_cast<unsigned>(std::stoul(listen.substr(colon + 1)))};
+}
+
+// Applies the command line on top of the file; the result is validated again as a whole.
+runtime_config configure(const std::string& path, const cli_overrides& o) {
+  runtime_config c = load_config(path);
+  if (!o.listen.empty()) c.server.listen = o.listen;
+  if (o.port >= 0) c.server.listen = split_host_port(c.server.listen).first + ":" + std::to_string(o.port);
+  if (!o.model.empty()) c.model.path = o.model;
+  if (!o.backend.empty()) {
+    if (o.backend == "cpu") c.backend.kind = backend_kind::cpu;
+    else if (o.backend == "sim") c.backend.kind = backend_kind::sim;
+    else throw std::runtime_error("--backend " + o.backend + ": use cpu or sim");
+  }
+  if (!o.sim_profile.empty()) c.backend.sim_profile = o.sim_profile;
+  if (o.threads >= 0) c.backend.threads = o.threads;
+  if (!o.log_level.empty()) {
+    const auto level = spdlog::level::from_str(o.log_level);
+    if (level == spdlog::level::off && o.log_level != "off")
+      throw std::runtime_error("--log-level " + o.log_level + ": use trace, debug, info, warn, error or off");
+    c.server.log_level = static_cast<log_level>(level);
+  }
+  return c;
+}
+
+class count_connections final : public kj::TaskSet::ErrorHandler {
+ public:
+  void taskFailed(kj::Exception&& e) override { spdlog::debug("connection ended: {}", e.getDescription().cStr()); }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Serve a model to Cap'n Proto RPC clients"};
+  std::string config_path = "config/tireless.toml";
+  cli_overrides o;
+  app.add_option("-c,--config", config_path, "TOML configuration")->capture_default_str();
+  app.add_option("--listen", o.listen, "HOST:PORT (overrides server.listen)");
+  app.add_option("--port", o.port, "port on the configured host; 0 picks a free one")->check(CLI::Range(0, 65535));
+  app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error, off");
+  app.add_option("--model", o.model, "GGUF model file (overrides model.path)");
+  app.add_option("--backend", o.backend, "cpu or sim (overrides backend.kind)");
+  app.add_option("--sim-profile", o.sim_profile, "sim cost model (overrides backend.sim_profile)");
+  app.add_option("--threads", o.threads, "CPU threads (overrides backend.threads)");
+  CLI11_PARSE(app, argc, argv);
+  spdlog::set_default_logger(spdlog::stderr_color_mt("tireless"));  // stdout carries "listening on"
+
+  // Before any thread exists, so every later thread inherits the blocked signals.
+  kj::UnixEventPort::captureSignal(SIGTERM);
+  kj::UnixEventPort::captureSignal(SIGINT);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  runtime_config config;
+  std::unique_ptr<runtime> rt;
+  try {
+    config = configure(config_path, o);
+    spdlog::set_level(static_cast<spdlog::level::level_enum>(config.server.log_level));
+    for (const auto& w : config.warnings) spdlog::warn("{}", w);
+    rt = runtime::start(config);
+  } catch (const std::exception& e) {
+    std::cerr << "tireless-serve: " << e.what() << "\n";
+    return 1;
+  }
+  spdlog::info("serving {}", rt->describe());
+
+  auto io = kj::setupAsyncIo();
+  kj_bridge bridge;
+  auto pump = bridge.pump().eagerlyEvaluate([](kj::Exception&& e) {
+    spdlog::error("bridge failed: {}", e.getDescription().cStr());
+  });
+  service_info info;
+  info.model_name = config.model.name;
+  info.description = rt->describe();
+  decode_limits limits;
+  limits.model_name = config.model.name;
+  limits.default_timeout = config.session.request_timeout;
+  limits.stream_window = config.session.stream_buffer_tokens;
+  if (config.backend.kind == backend_kind::cpu) {
+    // The model is open inside the runtime; its facts for models() come from the file again.
+    auto m = model::load(config.model.path);
+    info.context_length = m->config().n_ctx_train;
+    info.vocab_size = m->config().n_vocab;
+  }
+  auto service_own = kj::heap<inference_service>(*rt, bridge, config, info, limits);
+  inference_service& service = *service_own;
+  capnp::TwoPartyServer server(kj::mv(service_own));
+
+  kj::Own<kj::ConnectionReceiver> listener;
+  try {
+    auto [host, port] = split_host_port(config.server.listen);
+    auto address = io.provider->getNetwork().parseAddress(host, port).wait(io.waitScope);
+    listener = address->listen();
+    std::printf("listening on %s:%u\n", host.c_str(), listener->getPort());
+    std::fflush(stdout);
+    spdlog::info("listening on {}:{}", host, listener->getPort());
+  } catch (const kj::Exception& e) {
+    std::cerr << "tireless-serve: cannot listen on " << config.server.listen << ": " << e.getDescription().cStr() << "\n";
+    return 1;
+  }
+
+  count_connections connection_errors;
+  kj::TaskSet connections(connection_errors);
+  int open_connections = 0;
+  std::function<kj::Promise<void>()> accept_loop = [&]() -> kj::Promise<void> {
+    return listener->accept().then([&](kj::Own<kj::AsyncIoStream>&& stream) {
+      if (open_connections >= config.server.max_connections) {
+        spdlog::warn("refusing a connection: {} are open (server.max_connections)", open_connections);
+      } else {
+        ++open_connections;
+        auto& s = *stream;
+        connections.add(server.accept(s).attach(kj::mv(stream)).then([&] { --open_connections; },
+                                                                      [&](kj::Exception&&) { --open_connections; }));
+      }
+      return accept_loop();
+    });
+  };
+  auto accepting = accept_loop().eagerlyEvaluate([](kj::Exception&& e) {
+    spdlog::error("accept failed: {}", e.getDescription().cStr());
+  });
+
+  io.unixEventPort.onSignal(SIGTERM).exclusiveJoin(io.unixEventPort.onSignal(SIGINT)).wait(io.waitScope);
+  spdlog::info("stopping: no new requests; {} ms for running ones", config.server.shutdown_grace.count());
+  accepting = kj::READY_NOW;  // stop accepting connections
+  listener = nullptr;
+  service.stop_accepting();
+  auto stopped = kj::newPromiseAndCrossThreadFulfiller<void>();
+  kj::CrossThreadPromiseFulfiller<void>* fulfiller = stopped.fulfiller.get();
+  std::thread stopper([&rt, &config, fulfiller] {
+    rt->shutdown(config.server.shutdown_grace);  // every request gets its outcome
+    fulfiller->fulfill();
+  });
+  stopped.promise.wait(io.waitScope);
+  stopper.join();
+  // Deliver the outcomes that are still on their way to clients, for a moment at most.
+  for (int i = 0; i < 200 && service.unfinished() > 0; ++i) {
+    io.provider->getTimer().afterDelay(10 * kj::MILLISECONDS).wait(io.waitScope);
+  }
+  spdlog::info("stopped");
+  return 0;
+}
