@@ -14,6 +14,35 @@ pipeline spawn_pipeline(caf::actor_system& sys, const pipeline_options& o) {
   return p;
 }
 
+pipeline_options make_pipeline_options(const runtime_config& c, const resolved_limits& lim,
+                                       std::shared_ptr<backend> model) {
+  const kv_geometry geo = model->kv();
+  pipeline_options po;
+  po.kv.blocks.n_blocks = geo.n_blocks;
+  po.kv.blocks.block_size = geo.block_size;
+  po.kv.blocks.prefix_caching = c.kv.prefix_caching;
+  po.kv.blocks.watermark_blocks = lim.kv_watermark_blocks;
+  po.shard.model = std::move(model);
+  po.shard.simulated = c.backend.kind == backend_kind::sim;
+  for (const tier_settings& t : c.tiers) po.admission.tiers.push_back({t.name, t.priority, t.queue_bound});
+  engine_options& eo = po.engine;
+  eo.limits.max_step_tokens = c.engine.max_step_tokens;
+  eo.limits.max_step_seqs = c.engine.max_step_seqs;
+  eo.limits.max_preemptions = c.engine.max_preemptions;
+  eo.limits.max_context = lim.max_context;
+  eo.limits.block_size = geo.block_size;
+  eo.max_waiting = c.engine.max_step_seqs;
+  eo.max_waiting_tokens = 2 * c.engine.max_step_tokens;
+  eo.rate_window_seconds = std::chrono::duration<double>(c.admission.pressure_window).count();
+  return po;
+}
+
+int64_t door_capacity(const runtime_config& c, const pipeline_options& o) {
+  int64_t queued = 0;
+  for (const tier_settings& t : c.tiers) queued += t.queue_bound;
+  return queued + o.engine.max_waiting + o.kv.blocks.n_blocks;
+}
+
 void stop_pipeline(const pipeline& p) {
   for (const caf::actor& a : {p.engine, p.admission, p.kv, p.shard}) {
     caf::anon_send_exit(a, caf::exit_reason::user_shutdown);

@@ -12,6 +12,8 @@
 #include "actors/engine.hpp"
 #include "actors/kv_manager.hpp"
 #include "actors/shard.hpp"
+#include "config/resolved_limits.hpp"
+#include "config/runtime_config.hpp"
 
 namespace tireless {
 
@@ -28,6 +30,15 @@ struct pipeline {
 };
 
 pipeline spawn_pipeline(caf::actor_system& sys, const pipeline_options& options);
+
+// The options a configuration gives, for a backend already made (its KV geometry decides the
+// pool) and the limits resolved against the model.
+pipeline_options make_pipeline_options(const runtime_config& config, const resolved_limits& limits,
+                                       std::shared_ptr<backend> model);
+
+// How many requests may be inside the runtime at once (see request_door): every queue full,
+// the engine's waiting room, and one running sequence per KV block at most.
+int64_t door_capacity(const runtime_config& config, const pipeline_options& options);
 
 // Stops the pipeline's actors (sessions end on their own).
 void stop_pipeline(const pipeline& p);

@@ -1,0 +1,141 @@
+#include "actors/intake.hpp"
+
+#include <fmt/format.h>
+
+#include "actors/messages.hpp"
+#include "actors/session.hpp"
+
+namespace tireless {
+
+intake::intake(caf::actor_system& sys, const runtime_config& config, const resolved_limits& limits,
+               std::shared_ptr<const model> lm, caf::actor admission, int64_t door_capacity)
+    : sys_(sys),
+      config_(config),
+      limits_(limits),
+      lm_(std::move(lm)),
+      admission_(std::move(admission)),
+      door_(door_capacity) {
+  for (const tenant_settings& t : config_.tenants) {
+    for (const std::string& k : t.keys) tenant_by_key_[k] = &t;
+  }
+}
+
+void intake::done(const outcome& o, bool entered) {
+  if (entered) door_.leave();
+  std::lock_guard lock(mu_);
+  live_.erase(o.request_id);
+  switch (o.kind) {
+    case outcome_kind::completed: ++counts_.completed; break;
+    case outcome_kind::rejected: ++counts_.rejected; break;
+    case outcome_kind::cancelled: ++counts_.cancelled; break;
+    case outcome_kind::failed: ++counts_.failed; break;
+  }
+  idle_.notify_all();
+}
+
+uint64_t intake::submit(request r, runtime::token_callback on_token, runtime::outcome_callback on_outcome) {
+  const uint64_t id = next_id_++;
+  auto refuse = [&](const char* reason, std::string message, int64_t retry_after) {
+    outcome o;
+    o.request_id = id;
+    o.kind = outcome_kind::rejected;
+    o.reason = reason;
+    o.message = std::move(message);
+    o.retry_after_ms = retry_after;
+    done(o, false);
+    if (on_outcome) on_outcome(o);
+    return id;
+  };
+  if (!accepting_.load()) return refuse("shutting_down", "the runtime is shutting down", -1);
+  // Without tenants in the config every request is the first tier's (an embedding host that
+  // authenticates its own users); with tenants, the key decides.
+  const tier_settings* tier = &config_.tiers.front();
+  std::string tenant;
+  if (!config_.tenants.empty()) {
+    auto t = tenant_by_key_.find(r.api_key);
+    if (t == tenant_by_key_.end()) {
+      return refuse("unauthenticated", r.api_key.empty() ? "no API key given" : "unknown API key", -1);
+    }
+    tenant = t->second->name;
+    tier = config_.find_tier(t->second->tier);
+  }
+  if (!door_.enter()) {
+    return refuse("overloaded", fmt::format("{} requests are already inside the runtime", door_.capacity()), 1000);
+  }
+  auto reporter = std::make_shared<request_reporter>(id, std::move(on_token), std::move(on_outcome),
+                                                     [this](const outcome& o) { done(o, true); });
+  {
+    std::lock_guard lock(mu_);
+    live_.emplace(id, caf::actor{});
+  }
+  session_options so;
+  so.reporter = reporter;
+  so.req = std::move(r);
+  so.lm = lm_;
+  so.tenant = tenant;
+  so.tier = tier->name;
+  so.tier_priority = tier->priority;
+  so.max_context = limits_.max_context;
+  so.max_prompt_tokens = limits_.max_prompt_tokens;
+  so.default_max_tokens = config_.admission.default_max_tokens;
+  so.admission = admission_;
+  caf::actor s = spawn_session(sys_, std::move(so));
+  std::lock_guard lock(mu_);
+  if (auto it = live_.find(id); it != live_.end()) it->second = s;
+  return id;
+}
+
+bool intake::cancel(uint64_t id) {
+  caf::actor s;
+  {
+    std::lock_guard lock(mu_);
+    auto it = live_.find(id);
+    if (it == live_.end() || !it->second) return false;
+    s = it->second;
+  }
+  caf::anon_send(s, cancel_atom::value, int32_t{0});
+  return true;
+}
+
+void intake::acknowledge(uint64_t id, int32_t n) {
+  caf::actor s;
+  {
+    std::lock_guard lock(mu_);
+    auto it = live_.find(id);
+    if (it == live_.end() || !it->second) return;
+    s = it->second;
+  }
+  caf::anon_send(s, ack_atom::value, n);
+}
+
+bool intake::wait_idle(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  return idle_.wait_for(lock, timeout, [&] { return live_.empty(); });
+}
+
+void intake::cancel_all() {
+  std::lock_guard lock(mu_);
+  for (auto& [id, s] : live_) {
+    if (s) caf::anon_send(s, cancel_atom::value, int32_t{1});
+  }
+}
+
+intake_counts intake::counts() const {
+  std::lock_guard lock(mu_);
+  intake_counts c = counts_;
+  c.live = static_cast<int32_t>(live_.size());
+  return c;
+}
+
+}  // namespace tireless
+
+namespace tireless {
+
+void intake::detach() {
+  accepting_ = false;
+  std::lock_guard lock(mu_);
+  live_.clear();
+  admission_ = caf::actor{};
+}
+
+}  // namespace tireless

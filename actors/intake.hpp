@@ -1,0 +1,67 @@
+#pragma once
+// Where requests enter: authentication (API key → tenant → tier), the door that bounds how
+// many are inside, one session per request, and the registry of live requests (for cancel,
+// acknowledge and shutdown). Shared by the threaded runtime and the virtual-time runtime.
+
+#include <caf/actor.hpp>
+#include <caf/fwd.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "actors/request_door.hpp"
+#include "config/resolved_limits.hpp"
+#include "config/runtime_config.hpp"
+#include "tireless/runtime.hpp"
+
+namespace tireless {
+
+class model;
+
+struct intake_counts {
+  int32_t live = 0;
+  int64_t completed = 0, rejected = 0, cancelled = 0, failed = 0;
+};
+
+class intake {
+ public:
+  intake(caf::actor_system& sys, const runtime_config& config, const resolved_limits& limits,
+         std::shared_ptr<const model> lm, caf::actor admission, int64_t door_capacity);
+
+  uint64_t submit(request r, runtime::token_callback on_token, runtime::outcome_callback on_outcome);
+  bool cancel(uint64_t id);
+  void acknowledge(uint64_t id, int32_t n);
+  // Refuses new requests from now on (rejected, shutting_down).
+  void close() { accepting_ = false; }
+  bool accepting() const { return accepting_; }
+  // Waits (real time) until no request is live or `timeout` passed; true when none is.
+  bool wait_idle(std::chrono::milliseconds timeout);
+  // Cancels every live request (cancelled, shutdown).
+  void cancel_all();
+  intake_counts counts() const;
+  // After the actors stopped: let go of every actor handle (requests are refused from now on).
+  void detach();
+
+ private:
+  void done(const outcome& o, bool entered);
+
+  caf::actor_system& sys_;
+  const runtime_config& config_;
+  resolved_limits limits_;
+  std::shared_ptr<const model> lm_;
+  caf::actor admission_;
+  request_door door_;
+  std::unordered_map<std::string, const tenant_settings*> tenant_by_key_;
+  std::atomic<uint64_t> next_id_{1};
+  std::atomic<bool> accepting_{true};
+  mutable std::mutex mu_;
+  std::condition_variable idle_;
+  std::unordered_map<uint64_t, caf::actor> live_;  // sessions of unfinished requests
+  intake_counts counts_;
+};
+
+}  // namespace tireless
