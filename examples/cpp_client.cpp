@@ -1,0 +1,116 @@
+// A C++ client of tireless-serve: sends one chat message and prints the answer as it streams,
+// then the outcome. The client implements TokenSink; the server calls it as tokens arrive.
+//
+//   build/examples/cpp_client 127.0.0.1 7433 sk-premium-demo "Name three primary colors."
+//
+// Exits 0 when the answer completed, 1 otherwise (the outcome is printed either way).
+#include <capnp/ez-rpc.h>
+#include <capnp/message.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "protocol/tireless.capnp.h"
+
+namespace {
+
+using namespace tireless;
+
+// Receives the streamed tokens and, once, the outcome (copied into `outcome`).
+class printing_sink final : public rpc::TokenSink::Server {
+ public:
+  printing_sink(capnp::MallocMessageBuilder& outcome, kj::Own<kj::PromiseFulfiller<void>> done)
+      : outcome_(outcome), done_(kj::mv(done)) {}
+  ~printing_sink() {
+    if (done_->isWaiting()) done_->reject(KJ_EXCEPTION(DISCONNECTED, "the server went away before the outcome"));
+  }
+
+ protected:
+  // A `-> stream` method: returning (here at once) grants the server room for more.
+  kj::Promise<void> tokens(TokensContext context) override {
+    const auto text = context.getParams().getChunk().getText();
+    std::fwrite(text.begin(), 1, text.size(), stdout);
+    std::fflush(stdout);
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> done(DoneContext context) override {
+    outcome_.setRoot(context.getParams().getOutcome());
+    done_->fulfill();
+    return kj::READY_NOW;
+  }
+
+ private:
+  capnp::MallocMessageBuilder& outcome_;
+  kj::Own<kj::PromiseFulfiller<void>> done_;
+};
+
+const char* rejection_name(proto::Rejection::Reason r) {
+  switch (r) {
+    case proto::Rejection::Reason::OVERLOADED: return "overloaded";
+    case proto::Rejection::Reason::QUOTA_EXCEEDED: return "quota exceeded";
+    case proto::Rejection::Reason::UNAUTHENTICATED: return "unauthenticated";
+    case proto::Rejection::Reason::INVALID: return "invalid";
+    case proto::Rejection::Reason::PROMPT_TOO_LONG: return "prompt too long";
+    case proto::Rejection::Reason::SHUTTING_DOWN: return "shutting down";
+  }
+  return "?";
+}
+
+void print_outcome(proto::Outcome::Reader o) {
+  switch (o.which()) {
+    case proto::Outcome::COMPLETED: std::printf("[completed]\n"); break;
+    case proto::Outcome::REJECTED: {
+      const auto r = o.getRejected();
+      std::printf("[rejected: %s — %s", rejection_name(r.getReason()), r.getMessage().cStr());
+      if (r.getRetryAfterMs() >= 0) std::printf("; retry after %lld ms", static_cast<long long>(r.getRetryAfterMs()));
+      std::printf("]\n");
+      break;
+    }
+    case proto::Outcome::CANCELLED: std::printf("[cancelled]\n"); break;
+    case proto::Outcome::FAILED: std::printf("[failed: %s]\n", o.getFailed().getMessage().cStr()); break;
+  }
+  for (auto d : o.getDegradations()) std::printf("[degraded: %s]\n", d.cStr());
+  const auto u = o.getUsage();
+  const auto t = o.getTimings();
+  if (t.getTimeToFirstTokenMs() < 0) return;  // no token was generated
+  std::printf("[%d prompt + %d completion tokens; first token %.0f ms, total %.0f ms]\n", u.getPromptTokens(),
+              u.getCompletionTokens(), t.getTimeToFirstTokenMs(), t.getTotalMs());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 5) {
+    std::fprintf(stderr, "usage: %s HOST PORT API_KEY MESSAGE\n", argv[0]);
+    return 2;
+  }
+  try {
+    capnp::EzRpcClient client(argv[1], static_cast<unsigned>(std::atoi(argv[2])));
+    auto& wait_scope = client.getWaitScope();
+    auto inference = client.getMain<rpc::Inference>();
+
+    auto call = inference.generateRequest();
+    auto request = call.initRequest();
+    request.setApiKey(argv[3]);
+    auto message = request.getInput().initMessages(1)[0];
+    message.setRole("user");
+    message.setContent(argv[4]);
+    request.setMaxTokens(128);
+
+    capnp::MallocMessageBuilder outcome;
+    auto done = kj::newPromiseAndFulfiller<void>();
+    call.setSink(kj::heap<printing_sink>(outcome, kj::mv(done.fulfiller)));
+    // Keep the Generation until the end: dropping it cancels the request.
+    auto generation = call.send().wait(wait_scope).getGeneration();
+    done.promise.wait(wait_scope);
+    std::printf("\n");
+    const auto o = outcome.getRoot<proto::Outcome>().asReader();
+    print_outcome(o);
+    return o.isCompleted() ? 0 : 1;
+  } catch (const kj::Exception& e) {
+    std::fprintf(stderr, "cpp_client: %s\n", e.getDescription().cStr());
+    return 1;
+  }
+}

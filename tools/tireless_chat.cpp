@@ -1,0 +1,189 @@
+// tireless-chat: talk to a running tireless-serve from a terminal (or a pipe). Each line read is
+// a user message; the whole conversation is sent each turn and the answer streams back.
+//
+//   tireless-chat [--host 127.0.0.1] [--port 7433] [--key sk-premium-demo] [--system TEXT]
+//                 [--max-tokens N]
+//
+// "/quit" or end of input ends the chat, "/reset" forgets the conversation. Refusals,
+// degradations and cut-short answers are printed in brackets; a refused or failed turn is
+// left out of the conversation.
+#include <CLI/CLI.hpp>
+#include <capnp/message.h>
+#include <capnp/rpc-twoparty.h>
+#include <kj/async-io.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "protocol/tireless.capnp.h"
+
+namespace {
+
+using namespace tireless;
+
+struct chat_message {
+  std::string role, content;
+};
+
+// One turn's answer as it arrives.
+struct turn {
+  std::string text;
+  capnp::MallocMessageBuilder outcome{64};
+};
+
+class printing_sink final : public rpc::TokenSink::Server {
+ public:
+  printing_sink(std::shared_ptr<turn> t, kj::Own<kj::PromiseFulfiller<void>> done)
+      : turn_(std::move(t)), done_(kj::mv(done)) {}
+  ~printing_sink() {
+    if (done_->isWaiting()) done_->reject(KJ_EXCEPTION(DISCONNECTED, "the server went away before the answer ended"));
+  }
+
+ protected:
+  kj::Promise<void> tokens(TokensContext context) override {
+    const auto text = context.getParams().getChunk().getText();
+    turn_->text.append(text.begin(), text.size());
+    std::fwrite(text.begin(), 1, text.size(), stdout);
+    std::fflush(stdout);
+    return kj::READY_NOW;
+  }
+  kj::Promise<void> done(DoneContext context) override {
+    turn_->outcome.setRoot(context.getParams().getOutcome());
+    done_->fulfill();
+    return kj::READY_NOW;
+  }
+
+ private:
+  std::shared_ptr<turn> turn_;
+  kj::Own<kj::PromiseFulfiller<void>> done_;
+};
+
+const char* rejection_name(proto::Rejection::Reason r) {
+  switch (r) {
+    case proto::Rejection::Reason::OVERLOADED: return "overloaded";
+    case proto::Rejection::Reason::QUOTA_EXCEEDED: return "quota exceeded";
+    case proto::Rejection::Reason::UNAUTHENTICATED: return "unauthenticated";
+    case proto::Rejection::Reason::INVALID: return "invalid request";
+    case proto::Rejection::Reason::PROMPT_TOO_LONG: return "prompt too long";
+    case proto::Rejection::Reason::SHUTTING_DOWN: return "shutting down";
+  }
+  return "rejected";
+}
+
+// What a person should know about the outcome, one bracketed line each; none for a plain answer.
+std::vector<std::string> notes(proto::Outcome::Reader o) {
+  std::vector<std::string> out;
+  for (auto d : o.getDegradations()) out.push_back(std::string("[degraded: ") + d.cStr() + "]");
+  switch (o.which()) {
+    case proto::Outcome::COMPLETED:
+      if (o.getCompleted().getReason() == proto::Completion::Reason::MAX_TOKENS) {
+        out.push_back("[cut short: max tokens reached]");
+      } else if (o.getCompleted().getReason() == proto::Completion::Reason::CONTEXT_FULL) {
+        out.push_back("[cut short: the context is full; /reset starts over]");
+      }
+      break;
+    case proto::Outcome::REJECTED: {
+      const auto r = o.getRejected();
+      std::string line = std::string("[rejected: ") + rejection_name(r.getReason()) + " — " + r.getMessage().cStr();
+      if (r.getRetryAfterMs() >= 0) line += "; retry after " + std::to_string(r.getRetryAfterMs()) + " ms";
+      out.push_back(line + "]");
+      break;
+    }
+    case proto::Outcome::CANCELLED:
+      out.push_back(o.getCancelled().getReason() == proto::Cancellation::Reason::DEADLINE
+                        ? "[cancelled: the request's deadline passed]"
+                        : "[cancelled]");
+      break;
+    case proto::Outcome::FAILED: out.push_back(std::string("[failed: ") + o.getFailed().getMessage().cStr() + "]"); break;
+  }
+  return out;
+}
+
+struct chat_options {
+  std::string host = "127.0.0.1";
+  unsigned port = 7433;
+  std::string key = "sk-premium-demo";
+  std::string system;
+  int32_t max_tokens = -1;
+};
+
+// Sends the conversation, streams the answer to stdout; the outcome is in the returned turn.
+std::shared_ptr<turn> ask(rpc::Inference::Client& inference, kj::WaitScope& wait_scope, const chat_options& o,
+                          const std::vector<chat_message>& history) {
+  auto call = inference.generateRequest();
+  auto request = call.initRequest();
+  request.setApiKey(o.key);
+  request.setMaxTokens(o.max_tokens);
+  auto messages = request.getInput().initMessages(static_cast<unsigned>(history.size()));
+  for (unsigned i = 0; i < history.size(); ++i) {
+    messages[i].setRole(history[i].role);
+    messages[i].setContent(history[i].content);
+  }
+  auto t = std::make_shared<turn>();
+  auto done = kj::newPromiseAndFulfiller<void>();
+  call.setSink(kj::heap<printing_sink>(t, kj::mv(done.fulfiller)));
+  auto generation = call.send().wait(wait_scope).getGeneration();  // dropping it cancels
+  done.promise.wait(wait_scope);
+  return t;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Chat with a running tireless-serve"};
+  chat_options o;
+  app.add_option("--host", o.host, "server host")->capture_default_str();
+  app.add_option("--port", o.port, "server port")->capture_default_str()->check(CLI::Range(1, 65535));
+  app.add_option("--key", o.key, "API key")->capture_default_str();
+  app.add_option("--system", o.system, "system message that starts the conversation");
+  app.add_option("--max-tokens", o.max_tokens, "most tokens per answer; -1: the server's default")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  const bool interactive = isatty(STDIN_FILENO);
+  try {
+    auto io = kj::setupAsyncIo();
+    auto address = io.provider->getNetwork().parseAddress(o.host, o.port).wait(io.waitScope);
+    auto connection = address->connect().wait(io.waitScope);
+    capnp::TwoPartyClient client(*connection);
+    auto inference = client.bootstrap().castAs<rpc::Inference>();
+
+    std::vector<chat_message> history;
+    if (!o.system.empty()) history.push_back({"system", o.system});
+    if (interactive) std::printf("connected to %s:%u; /quit or Ctrl-D ends, /reset starts over\n", o.host.c_str(), o.port);
+    std::string line;
+    while (true) {
+      if (interactive) {
+        std::printf("> ");
+        std::fflush(stdout);
+      }
+      if (!std::getline(std::cin, line) || line == "/quit") break;
+      if (line.empty()) continue;
+      if (line == "/reset") {
+        history.resize(o.system.empty() ? 0 : 1);
+        std::printf("[conversation cleared]\n");
+        continue;
+      }
+      history.push_back({"user", line});
+      const auto answer = ask(inference, io.waitScope, o, history);
+      if (!answer->text.empty()) std::printf("\n");
+      const auto outcome = answer->outcome.getRoot<proto::Outcome>().asReader();
+      for (const std::string& note : notes(outcome)) std::printf("%s\n", note.c_str());
+      if (outcome.isCompleted()) {
+        history.push_back({"assistant", answer->text});
+      } else {
+        history.pop_back();  // unanswered: not part of the conversation
+      }
+      std::fflush(stdout);
+    }
+    if (interactive) std::printf("\n");
+    return 0;
+  } catch (const kj::Exception& e) {
+    std::fprintf(stderr, "\ntireless-chat: %s\n", e.getDescription().cStr());
+    return 1;
+  }
+}
