@@ -1,48 +1,61 @@
 #include "actors/admission.hpp"
 
-#include <algorithm>
-#include <cmath>
-#include <deque>
-#include <map>
+#include <chrono>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
 #include "actors/actor_stats.hpp"
 #include "actors/messages.hpp"
+#include "scheduler/admission_control.hpp"
 
 namespace tireless {
 
 namespace {
 
-struct queued {
+// How often queued requests are checked against max_queue_wait.
+constexpr auto expiry_period = std::chrono::milliseconds(100);
+
+struct pending {
   generate_msg request;
   caf::actor session;
-  uint64_t id;
 };
 
 struct admission_state {
-  admission_options o;
+  std::unique_ptr<admission_control> control;
   caf::actor engine;
-  std::map<int32_t, std::deque<queued>, std::greater<>> queues;  // by priority, highest first
-  std::map<int32_t, int32_t> bounds;
-  std::map<uint64_t, int32_t> where;  // queued request → its tier's priority
+  std::unordered_map<uint64_t, pending> queued;
   int32_t credit_sequences = 0;
   int64_t engine_received = 0;  // as of the last credits
   int64_t sent = 0;             // requests released to the engine
-  double drain_per_second = 0;  // requests the engine finishes per second, estimated
+  bool ticking = false;
   mailbox_stats mailbox{"admission"};
 };
 
 using self_ptr = caf::stateful_actor<admission_state>*;
 
-void reject(self_ptr self, const caf::actor& session, uint64_t id, proto::Rejection::Reason reason,
-            const std::string& why, int64_t retry_after_ms) {
+int64_t now_ns(caf::local_actor* self) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(self->clock().now().time_since_epoch()).count();
+}
+
+proto::Rejection::Reason wire_reason(refusal r) {
+  switch (r) {
+    case refusal::overloaded: return proto::Rejection::Reason::OVERLOADED;
+    case refusal::quota_exceeded: return proto::Rejection::Reason::QUOTA_EXCEEDED;
+    case refusal::prompt_too_long: return proto::Rejection::Reason::PROMPT_TOO_LONG;
+    case refusal::invalid: return proto::Rejection::Reason::INVALID;
+  }
+  return proto::Rejection::Reason::OVERLOADED;
+}
+
+void reject(self_ptr self, const caf::actor& session, uint64_t id, refusal why, const std::string& message,
+            int64_t retry_after_ms) {
   outcome_msg m(64);
   auto b = m.init();
   b.setRequestId(id);
   auto r = b.initRejected();
-  r.setReason(reason);
-  r.setMessage(why);
+  r.setReason(wire_reason(why));
+  r.setMessage(message);
   r.setRetryAfterMs(retry_after_ms);
   self->send(session, std::move(m));
 }
@@ -50,25 +63,54 @@ void reject(self_ptr self, const caf::actor& session, uint64_t id, proto::Reject
 void release(self_ptr self) {
   auto& st = self->state;
   if (!st.engine) return;
-  for (auto& [priority, q] : st.queues) {
-    while (!q.empty()) {
-      const int64_t in_flight = st.sent - st.engine_received;
-      if (st.credit_sequences - in_flight <= 0) return;
-      queued item = std::move(q.front());
-      q.pop_front();
-      st.where.erase(item.id);
-      self->send(st.engine, generate_atom::value, std::move(item.request), std::move(item.session));
-      ++st.sent;
-    }
+  while (st.credit_sequences - (st.sent - st.engine_received) > 0) {
+    auto q = st.control->next();
+    if (!q) return;
+    auto it = st.queued.find(q->id);
+    if (it == st.queued.end()) continue;
+    self->send(st.engine, generate_atom::value, std::move(it->second.request), std::move(it->second.session));
+    st.queued.erase(it);
+    ++st.sent;
   }
 }
 
-caf::behavior admission(self_ptr self, admission_options o) {
-  for (const admission_tier& t : o.tiers) {
-    self->state.queues[t.priority];
-    self->state.bounds[t.priority] = t.queue_bound;
+void tick(self_ptr self) {
+  auto& st = self->state;
+  if (st.ticking || st.queued.empty()) return;
+  st.ticking = true;
+  self->delayed_send(self, expiry_period, tick_atom::value);
+}
+
+void arrive(self_ptr self, generate_msg& msg, const caf::actor& session) {
+  auto& st = self->state;
+  auto b = msg.builder();
+  arrival a;
+  a.id = b.getRequestId();
+  a.tenant = b.getTenant().cStr();
+  a.tier = b.getTier().cStr();
+  a.prompt_tokens = static_cast<int32_t>(b.getPrompt().size());
+  a.max_tokens = b.getMaxTokens();
+  a.now_ns = now_ns(self);
+  const admission_decision d = st.control->arrive(a);
+  if (!d.admitted) {
+    reject(self, session, a.id, d.reason, d.message, d.retry_after_ms);
+    return;
   }
-  self->state.o = std::move(o);
+  // The engine runs what admission decided: the capped max_tokens, the policy's priority,
+  // and the degradations the outcome must report.
+  b.setMaxTokens(d.max_tokens);
+  b.setTierPriority(d.priority);
+  if (!d.degradations.empty()) {
+    auto list = b.initDegradations(static_cast<unsigned>(d.degradations.size()));
+    for (unsigned i = 0; i < d.degradations.size(); ++i) list.set(i, d.degradations[i]);
+  }
+  st.queued.emplace(a.id, pending{std::move(msg), session});
+  release(self);
+  tick(self);
+}
+
+caf::behavior admission(self_ptr self, admission_options o) {
+  self->state.control = std::make_unique<admission_control>(o.policy, o.settings, o.tiers, o.tenants);
   return {
       [=](attach_atom, const caf::actor& engine) {
         self->state.engine = engine;
@@ -76,41 +118,20 @@ caf::behavior admission(self_ptr self, admission_options o) {
       },
       [=](generate_atom, generate_msg& msg, const caf::actor& session) {
         note_mailbox(self->state.mailbox, self->mailbox().size());
-        auto& st = self->state;
-        const auto r = msg.get();
-        const uint64_t id = r.getRequestId();
-        const int32_t priority = r.getTierPriority();
-        auto q = st.queues.find(priority);
-        if (q == st.queues.end()) {
-          reject(self, session, id, proto::Rejection::Reason::INVALID,
-                 fmt::format("tier '{}' is not configured", r.getTier().cStr()), -1);
-          return;
-        }
-        if (static_cast<int32_t>(q->second.size()) >= st.bounds[priority]) {
-          // Retry once the queue ahead of it could have drained at the engine's pace.
-          const double per_second = std::max(st.drain_per_second, 1.0);
-          const int64_t retry = static_cast<int64_t>(std::ceil(1000.0 * q->second.size() / per_second));
-          reject(self, session, id, proto::Rejection::Reason::OVERLOADED,
-                 fmt::format("tier '{}' has {} requests waiting, its limit", r.getTier().cStr(),
-                             q->second.size()),
-                 retry);
-          return;
-        }
-        q->second.push_back({std::move(msg), session, id});
-        st.where[id] = priority;
-        release(self);
+        arrive(self, msg, session);
       },
       [=](cancel_atom, uint64_t id) {
         note_mailbox(self->state.mailbox, self->mailbox().size());
         auto& st = self->state;
-        auto w = st.where.find(id);
-        if (w == st.where.end()) {
-          if (st.engine) self->send(st.engine, cancel_atom::value, id);
-          return;
+        if (st.control->cancel(id, now_ns(self))) {
+          st.queued.erase(id);
+        } else if (st.engine) {
+          self->send(st.engine, cancel_atom::value, id);
         }
-        auto& q = st.queues[w->second];
-        q.erase(std::remove_if(q.begin(), q.end(), [&](const queued& x) { return x.id == id; }), q.end());
-        st.where.erase(w);
+      },
+      [=](finished_atom, uint64_t id, int32_t used_tokens) {
+        note_mailbox(self->state.mailbox, self->mailbox().size());
+        self->state.control->finished(id, used_tokens, now_ns(self));
       },
       [=](const credits_msg& m, int64_t engine_received) {
         note_mailbox(self->state.mailbox, self->mailbox().size());
@@ -118,14 +139,44 @@ caf::behavior admission(self_ptr self, admission_options o) {
         const auto c = m.get();
         st.credit_sequences = c.getSequences();
         st.engine_received = engine_received;
-        st.drain_per_second = c.getFinishedPerSecond();
+        engine_load load;
+        const auto model = c.getStepModel();
+        for (unsigned i = 0; i < model.size() && i < load.step_model.size(); ++i) load.step_model[i] = model[i];
+        load.step_observations = c.getStepObservations();
+        load.max_step_tokens = c.getMaxStepTokens();
+        load.max_step_seqs = c.getMaxStepSeqs();
+        load.running = c.getRunning();
+        load.waiting = c.getWaiting();
+        load.waiting_prompt_tokens = c.getWaitingPromptTokens();
+        load.decode_context = c.getRunningContext();
+        load.finished_per_second = c.getFinishedPerSecond();
+        st.control->observe(load);
         release(self);
+      },
+      [=](tick_atom) {
+        auto& st = self->state;
+        st.ticking = false;
+        const int64_t now = now_ns(self);
+        for (const queued_request& q : st.control->expire(now)) {
+          auto it = st.queued.find(q.id);
+          if (it == st.queued.end()) continue;
+          reject(self, it->second.session, q.id, refusal::overloaded,
+                 fmt::format("waited longer than {} ms in tier '{}''s queue (admission.max_queue_wait_ms)",
+                             (now - q.arrival_ns) / 1'000'000, q.tier),
+                 std::max<int64_t>(100, static_cast<int64_t>(1000 * st.control->predicted_ttft(q.tier, q.prompt_tokens))));
+          st.queued.erase(it);
+        }
+        tick(self);
       },
       [=](stats_atom) {
         note_mailbox(self->state.mailbox, self->mailbox().size());
-        int32_t queued_total = 0;
-        for (const auto& [p, q] : self->state.queues) queued_total += static_cast<int32_t>(q.size());
-        return caf::make_message(queued_total, self->state.mailbox.max_mailbox);
+        std::vector<std::string> names;
+        std::vector<int32_t> depths;
+        for (const auto& [name, n] : self->state.control->queued_by_tier()) {
+          names.push_back(name);
+          depths.push_back(n);
+        }
+        return caf::make_message(self->state.control->queued(), self->state.mailbox.max_mailbox, names, depths);
       },
   };
 }

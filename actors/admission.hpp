@@ -1,7 +1,7 @@
 #pragma once
-// Admission: one per served model. Keeps one bounded queue per tier, releases requests to
-// the engine only against the engine's credits, and refuses early when a tier's queue is
-// full, with a retry hint.
+// Admission: one per served model. Decides at arrival (refuse, degrade, queue) by the
+// configured policy (scheduler/admission_control.hpp), keeps the queues, and releases requests
+// to the engine only against the engine's credits.
 
 #include <caf/fwd.hpp>
 
@@ -9,24 +9,24 @@
 #include <string>
 #include <vector>
 
+#include "config/runtime_config.hpp"
+
 namespace tireless {
 
-struct admission_tier {
-  std::string name;
-  int32_t priority = 0;
-  int32_t queue_bound = 64;
-};
-
 struct admission_options {
-  std::vector<admission_tier> tiers;
+  admission_policy policy = admission_policy::tireless;
+  admission_settings settings;
+  std::vector<tier_settings> tiers;
+  std::vector<tenant_settings> tenants;
 };
 
 // Messages:
-//   (generate_atom, generate_msg, session actor)  queue or refuse (rejected outcome to session)
+//   (generate_atom, generate_msg, session actor)  refuse (outcome to the session) or queue
 //   (cancel_atom, uint64_t request_id)           drop a queued request, or pass the cancel on
+//   (finished_atom, uint64_t request_id, int32_t used_tokens)  from the engine: it ended
 //   (credits_msg, int64_t engine_received)       from the engine
 //   (attach_atom, engine actor)                  where to release requests
-//   stats_atom → (queued, max mailbox)
+//   stats_atom → (queued, max mailbox, tier names, queued per tier)
 caf::actor spawn_admission(caf::actor_system& sys, admission_options options);
 
 }  // namespace tireless

@@ -8,6 +8,7 @@
 #include "actors/actor_stats.hpp"
 #include "actors/messages.hpp"
 #include "actors/wire.hpp"
+#include "scheduler/step_time_model.hpp"
 
 namespace tireless {
 
@@ -30,6 +31,7 @@ struct rate {
 
 struct request_info {
   caf::actor session;
+  std::vector<std::string> degradations;
   int64_t arrival_ns = 0;
   int64_t scheduled_ns = -1;
   int64_t first_token_ns = -1;
@@ -47,6 +49,7 @@ struct engine_state {
   int64_t received = 0;  // generate messages received, for admission's credit arithmetic
   int32_t free_blocks = 0, total_blocks = 0;
   rate step_seconds, prefill_rate, decode_rate, finish_rate;
+  step_time_model step_model;
   int32_t last_sequences_credit = -1, last_tokens_credit = -1;
   mailbox_stats mailbox{"engine"};
 };
@@ -69,6 +72,8 @@ void send_outcome(self_ptr self, seq_id id, const scheduler_event& e) {
     case finish_reason::context_full: c.setReason(proto::Completion::Reason::CONTEXT_FULL); break;
     case finish_reason::cancelled: break;
   }
+  auto d = b.initDegradations(static_cast<unsigned>(info.degradations.size()));
+  for (unsigned i = 0; i < info.degradations.size(); ++i) d.set(i, info.degradations[i]);
   auto u = b.initUsage();
   u.setPromptTokens(e.prompt_tokens);
   u.setCompletionTokens(e.generated);
@@ -80,6 +85,7 @@ void send_outcome(self_ptr self, seq_id id, const scheduler_event& e) {
   t.setTimeToFirstTokenMs(info.first_token_ns >= 0 ? (info.first_token_ns - info.arrival_ns) / 1e6 : -1.0);
   t.setTotalMs((end - info.arrival_ns) / 1e6);
   self->send(info.session, std::move(m));
+  self->send(self->state.admission, finished_atom::value, static_cast<uint64_t>(id), e.prompt_tokens + e.generated);
   self->state.requests.erase(it);
 }
 
@@ -122,6 +128,13 @@ void send_credits(self_ptr self) {
   b.setRunning(c.running);
   b.setWaiting(c.waiting);
   b.setFinishedPerSecond(st.finish_rate.value);
+  auto coefficients = b.initStepModel(step_time_model::n);
+  for (unsigned i = 0; i < step_time_model::n; ++i) coefficients.set(i, st.step_model.coefficients()[i]);
+  b.setStepObservations(st.step_model.observations());
+  b.setMaxStepTokens(st.o.limits.max_step_tokens);
+  b.setMaxStepSeqs(st.o.limits.max_step_seqs);
+  b.setWaitingPromptTokens(c.waiting_prompt_tokens);
+  b.setRunningContext(static_cast<double>(c.running_context));
   self->send(st.admission, std::move(m), st.received);
 }
 
@@ -134,6 +147,8 @@ void fail_batch(self_ptr self, const step_batch& batch, const std::string& why) 
     b.setRequestId(s.seq_id);
     b.initFailed().setMessage(why);
     self->send(it->second.session, std::move(m));
+    self->send(self->state.admission, finished_atom::value, static_cast<uint64_t>(s.seq_id),
+               self->state.core->tokens_of(s.seq_id));
     self->state.requests.erase(it);
     self->state.core->cancel(s.seq_id);
   }
@@ -149,9 +164,18 @@ void run_step(self_ptr self, step_request_msg msg, step_batch batch, int attempt
             unpack(reply.get(), result);
             const double seconds = reply.get().getSeconds();
             int64_t prefill = 0, decode = 0;
+            step_shape_counts shape;
             for (const sequence_step& s : batch.seqs) {
-              (s.tokens.size() == 1 && s.sample ? decode : prefill) += static_cast<int64_t>(s.tokens.size());
+              if (s.tokens.size() == 1) {
+                ++decode;
+                shape.decode_context += s.start_pos + 1;
+              } else {
+                prefill += static_cast<int64_t>(s.tokens.size());
+              }
             }
+            shape.prefill_tokens = static_cast<double>(prefill);
+            shape.decode_seqs = static_cast<double>(decode);
+            st.step_model.observe(shape, seconds);
             const double dt = std::max(seconds, 1e-9);
             st.step_seconds.add(seconds, dt, st.o.rate_window_seconds);
             if (prefill > 0) st.prefill_rate.add(prefill / dt, dt, st.o.rate_window_seconds);
@@ -197,6 +221,7 @@ void fail_unplaceable(self_ptr self, const kv_request& req, const kv_reply& repl
       self->send(it->second.session, std::move(m));
       self->state.requests.erase(it);
     }
+    self->send(self->state.admission, finished_atom::value, static_cast<uint64_t>(id), self->state.core->tokens_of(id));
     self->state.core->cancel(id);
     return;
   }
@@ -269,12 +294,17 @@ caf::behavior engine(self_ptr self, engine_options o, caf::actor kv, caf::actor 
         spec.max_tokens = r.getMaxTokens();
         for (auto t : r.getStopTokens()) spec.stop_tokens.push_back(t);
         spec.token_window = r.getTokenWindow();
-        st.requests[spec.id] = request_info{session, r.getArrivalNs(), -1, -1};
+        request_info info{session, {}, r.getArrivalNs(), -1, -1};
+        for (auto d : r.getDegradations()) info.degradations.emplace_back(d.cStr());
+        st.requests[spec.id] = std::move(info);
         st.core->add(std::move(spec));
         kick(self);
       },
       [=](cancel_atom, uint64_t id) {
         note_mailbox(self->state.mailbox, self->mailbox().size());
+        if (self->state.requests.count(id)) {
+          self->send(self->state.admission, finished_atom::value, id, self->state.core->tokens_of(id));
+        }
         self->state.core->cancel(id);
         self->state.requests.erase(id);
         send_credits(self);

@@ -24,7 +24,10 @@ pipeline_options make_pipeline_options(const runtime_config& c, const resolved_l
   po.kv.blocks.watermark_blocks = lim.kv_watermark_blocks;
   po.shard.model = std::move(model);
   po.shard.simulated = c.backend.kind == backend_kind::sim;
-  for (const tier_settings& t : c.tiers) po.admission.tiers.push_back({t.name, t.priority, t.queue_bound});
+  po.admission.policy = c.admission.policy;
+  po.admission.settings = c.admission;
+  po.admission.tiers = c.tiers;
+  po.admission.tenants = c.tenants;
   engine_options& eo = po.engine;
   eo.limits.max_step_tokens = c.engine.max_step_tokens;
   eo.limits.max_step_seqs = c.engine.max_step_seqs;
@@ -38,6 +41,8 @@ pipeline_options make_pipeline_options(const runtime_config& c, const resolved_l
 }
 
 int64_t door_capacity(const runtime_config& c, const pipeline_options& o) {
+  // fcfs models a server without admission control: an unbounded queue.
+  if (c.admission.policy == admission_policy::fcfs) return int64_t{1} << 40;
   int64_t queued = 0;
   for (const tier_settings& t : c.tiers) queued += t.queue_bound;
   return queued + o.engine.max_waiting + o.kv.blocks.n_blocks;

@@ -136,9 +136,12 @@ void runtime::stats_async(std::function<void(const runtime_stats&)> done) {
           s->waiting_in_engine = waiting;
           s->steps = steps;
           s->max_mailbox_engine = mailbox;
-          self->request(actors.admission, timeout, stats_atom::value).then([=](int32_t queued, int64_t mailbox) {
+          self->request(actors.admission, timeout, stats_atom::value).then([=](int32_t queued, int64_t mailbox,
+                                                                                const std::vector<std::string>& names,
+                                                                                const std::vector<int32_t>& depths) {
             s->queued_in_admission = queued;
             s->max_mailbox_admission = mailbox;
+            for (size_t i = 0; i < names.size() && i < depths.size(); ++i) s->queued_by_tier.emplace_back(names[i], depths[i]);
             self->request(actors.kv, timeout, stats_atom::value)
                 .then([=](int32_t total, int32_t free, int32_t cached_free, int32_t used, int64_t hits, int64_t misses,
                           int64_t evictions, int64_t mailbox) {

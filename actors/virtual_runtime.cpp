@@ -106,9 +106,11 @@ runtime_stats virtual_runtime::stats() {
     s.steps = steps;
     s.max_mailbox_engine = mailbox;
   });
-  m.ask(m.actors.admission, [&](int32_t queued, int64_t mailbox) {
+  m.ask(m.actors.admission, [&](int32_t queued, int64_t mailbox, const std::vector<std::string>& names,
+                                 const std::vector<int32_t>& depths) {
     s.queued_in_admission = queued;
     s.max_mailbox_admission = mailbox;
+    for (size_t i = 0; i < names.size() && i < depths.size(); ++i) s.queued_by_tier.emplace_back(names[i], depths[i]);
   });
   m.ask(m.actors.kv, [&](int32_t total, int32_t free, int32_t cached_free, int32_t used, int64_t hits, int64_t misses,
                           int64_t evictions, int64_t mailbox) {

@@ -21,6 +21,7 @@ struct GenerateRequest {
   arrivalNs @8 :Int64;          # on the runtime's clock
   deadlineNs @9 :Int64 = -1;    # on the runtime's clock; -1: none
   tokenWindow @10 :Int32 = 0;   # tokens the engine may send before the session acks; 0: no limit
+  degradations @11 :List(Text); # what admission did to it, for the outcome
 }
 
 # engine → session: tokens generated for a request, in order.
@@ -42,6 +43,12 @@ struct Credits {
   running @7 :Int32;
   waiting @8 :Int32;
   finishedPerSecond @9 :Float64;  # requests the engine completes per second (moving average)
+  stepModel @10 :List(Float64);   # step_time_model coefficients, fitted on the engine's steps
+  stepObservations @11 :Int64;
+  maxStepTokens @12 :Int32;
+  maxStepSeqs @13 :Int32;
+  waitingPromptTokens @14 :Int64; # not yet computed, over the engine's waiting requests
+  runningContext @15 :Float64;    # positions the running sequences hold, summed
 }
 
 # engine → kv_manager, once per step: what the step needs, in keep order (the entries the

@@ -201,6 +201,7 @@ sequence_counts batch_scheduler::counts() const {
     if (s.paused()) ++c.paused;
     if (s.running) {
       ++c.running;
+      c.running_context += s.computed;
     } else {
       ++c.waiting;
       c.waiting_prompt_tokens += static_cast<int64_t>(s.tokens.size());
@@ -217,6 +218,15 @@ int32_t batch_scheduler::preemptions(seq_id seq) const {
 int32_t batch_scheduler::cached_tokens(seq_id seq) const {
   auto it = seqs_.find(seq);
   return it == seqs_.end() ? 0 : it->second.cached_tokens;
+}
+
+}  // namespace tireless
+
+namespace tireless {
+
+int32_t batch_scheduler::tokens_of(seq_id seq) const {
+  auto it = seqs_.find(seq);
+  return it == seqs_.end() ? 0 : static_cast<int32_t>(it->second.tokens.size());
 }
 
 }  // namespace tireless

@@ -52,6 +52,7 @@ struct scheduler_event {
 struct sequence_counts {
   int32_t waiting = 0, running = 0, paused = 0;
   int64_t waiting_prompt_tokens = 0;  // not yet computed, summed over waiting requests
+  int64_t running_context = 0;        // positions held by running requests, summed
 };
 
 class batch_scheduler {
@@ -74,6 +75,8 @@ class batch_scheduler {
   sequence_counts counts() const;
   int32_t preemptions(seq_id seq) const;
   int32_t cached_tokens(seq_id seq) const;
+  // Tokens the sequence holds (prompt and generated), 0 when unknown.
+  int32_t tokens_of(seq_id seq) const;
 
  private:
   struct sequence {

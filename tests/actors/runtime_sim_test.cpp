@@ -54,7 +54,7 @@ TEST(runtime_sim, a_flood_of_10000_requests_ends_each_once_with_mailboxes_bounde
 
 TEST(runtime_sim, a_full_tier_queue_refuses_at_once_with_a_retry_hint) {
   harness_options o;
-  o.tiers = {{"only", 1, 4}};
+  o.tiers = {harness_options::tier("only", 1, 4)};
   o.max_step_seqs = 2;
   sim_harness h(o);
   for (int i = 0; i < 20; ++i) h.submit(tokens_request(30, 50, i));

@@ -25,7 +25,19 @@ struct harness_options {
   int32_t max_context = 2048;
   int32_t max_preemptions = 3;
   bool prefix_caching = true;
-  std::vector<admission_tier> tiers = {{"premium", 3, 64}, {"standard", 2, 64}, {"free", 1, 64}};
+  std::vector<tier_settings> tiers = {tier("premium", 3, 64), tier("standard", 2, 64), tier("free", 1, 64)};
+  admission_policy policy = admission_policy::priority;
+  std::vector<tenant_settings> tenants;
+
+  static tier_settings tier(std::string name, int32_t priority, int32_t queue_bound) {
+    tier_settings t;
+    t.name = std::move(name);
+    t.priority = priority;
+    t.queue_bound = queue_bound;
+    t.ttft = std::chrono::seconds(10);
+    t.tpot = std::chrono::seconds(1);
+    return t;
+  }
   double crash_probability = 0.0;
   uint64_t seed = 1;
 };
@@ -55,6 +67,8 @@ class sim_harness {
     po.shard.seed = o.seed;
     po.max_shard_restarts = 1 << 20;
     po.admission.tiers = o.tiers;
+    po.admission.tenants = o.tenants;
+    po.admission.policy = o.policy;
     po.engine.limits = {o.max_step_tokens, o.max_step_seqs, o.max_preemptions, o.max_context, o.block_size};
     po.engine.max_waiting = o.max_step_seqs;
     po.engine.max_waiting_tokens = 2 * o.max_step_tokens;
@@ -155,7 +169,8 @@ class sim_harness {
   };
   admission_stats admission() {
     admission_stats out;
-    ask(pipeline_.admission, [&](int32_t queued, int64_t mailbox) { out = {queued, mailbox}; });
+    ask(pipeline_.admission, [&](int32_t queued, int64_t mailbox, const std::vector<std::string>&,
+                                 const std::vector<int32_t>&) { out = {queued, mailbox}; });
     return out;
   }
   int shard_restarts() {

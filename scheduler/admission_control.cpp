@@ -1,0 +1,311 @@
+#include "scheduler/admission_control.hpp"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+
+#include <fmt/format.h>
+
+namespace tireless {
+
+namespace {
+
+// Deficit round robin: a tenant of weight 1 earns this many tokens of work per turn.
+constexpr double drr_quantum_tokens = 1024;
+
+int64_t ms_ceil(double seconds) { return static_cast<int64_t>(std::ceil(std::max(seconds, 0.0) * 1000.0)); }
+
+admission_decision refuse(refusal why, std::string message, int64_t retry_after_ms) {
+  admission_decision d;
+  d.reason = why;
+  d.message = std::move(message);
+  d.retry_after_ms = retry_after_ms;
+  return d;
+}
+
+}  // namespace
+
+admission_control::admission_control(admission_policy kind, const admission_settings& settings,
+                                     std::vector<tier_settings> tiers, std::vector<tenant_settings> tenants)
+    : kind_(kind), settings_(settings), tiers_(std::move(tiers)), tenants_(std::move(tenants)) {
+  std::sort(tiers_.begin(), tiers_.end(), [](const auto& a, const auto& b) { return a.priority > b.priority; });
+  for (const tier_settings& t : tiers_) {
+    tier_state s;
+    s.settings = &t;
+    tier_states_.push_back(s);
+  }
+  for (const tenant_settings& t : tenants_) {
+    tenant_state s;
+    s.settings = &t;
+    s.requests = token_bucket(t.requests_per_minute, t.requests_per_minute / 60.0);
+    s.tokens = token_bucket(static_cast<double>(t.tokens_per_minute), t.tokens_per_minute / 60.0);
+    tenant_states_.emplace(t.name, std::move(s));
+  }
+}
+
+admission_control::tier_state& admission_control::tier_of(const std::string& name) {
+  for (tier_state& t : tier_states_) {
+    if (t.settings->name == name) return t;
+  }
+  return tier_states_.back();
+}
+
+// Seconds a request takes from release to its end, on average: running requests divided by
+// completions per second (Little's law).
+double admission_control::service_seconds() const {
+  return load_.finished_per_second > 0 ? std::max(load_.running, 1) / load_.finished_per_second : 1.0;
+}
+
+double admission_control::predicted_ttft(const std::string& tier, int32_t prompt_tokens) const {
+  if (load_.step_observations < 8 || load_.max_step_tokens <= 0) return 0.0;  // nothing measured yet: optimistic
+  step_time_model model;
+  model.set_coefficients(load_.step_model, load_.step_observations);
+  // Work ahead of the request: prompts waiting in the engine, and those queued here at its
+  // tier or above (what would be released before it).
+  int32_t priority = 0;
+  for (const tier_settings& t : tiers_) {
+    if (t.name == tier) priority = t.priority;
+  }
+  double tokens_ahead = static_cast<double>(load_.waiting_prompt_tokens);
+  int32_t requests_ahead = load_.waiting;
+  for (const tier_state& t : tier_states_) {
+    if (kind_ == admission_policy::fcfs || t.settings->priority >= priority) {
+      tokens_ahead += static_cast<double>(t.queued_prompt_tokens);
+      requests_ahead += t.queued;
+    }
+  }
+  // Decode load while that work is prefilled: the running sequences, joined by those ahead.
+  const double decodes = std::min<double>(load_.max_step_seqs, load_.running + requests_ahead / 2.0);
+  const double context_per_decode = load_.running > 0 ? load_.decode_context / load_.running : 0.0;
+  const double prefill_per_step = std::max(1.0, load_.max_step_tokens - decodes);
+  const double step = model.predict({prefill_per_step, decodes, decodes * context_per_decode});
+  const double steps = (tokens_ahead + prompt_tokens) / prefill_per_step;
+  double ttft = (std::floor(steps) + 1.0) * step;
+  // No room in the batch: it also waits for requests to finish.
+  const double excess = load_.running + requests_ahead + 1.0 - load_.max_step_seqs;
+  if (excess > 0 && load_.finished_per_second > 0) ttft += excess / load_.finished_per_second;
+  return ttft;
+}
+
+std::optional<admission_decision> admission_control::check_quotas(tenant_state& t, const arrival& a,
+                                                                 int32_t max_tokens) {
+  const tenant_settings& s = *t.settings;
+  if (s.max_concurrent > 0 && t.concurrent >= s.max_concurrent) {
+    // No exact wait exists for a concurrency slot: the average time a request takes.
+    return refuse(refusal::quota_exceeded,
+                  fmt::format("tenant '{}' has {} requests in progress, its limit", s.name, t.concurrent),
+                  ms_ceil(service_seconds() / std::max(1, t.concurrent)));
+  }
+  if (const int64_t w = t.requests.wait_ns(1, a.now_ns); w > 0) {
+    return refuse(refusal::quota_exceeded,
+                  fmt::format("tenant '{}' is over its {} requests per minute", s.name, s.requests_per_minute),
+                  (w + 999'999) / 1'000'000);
+  }
+  const double need = static_cast<double>(a.prompt_tokens) + max_tokens;
+  if (const int64_t w = t.tokens.wait_ns(need, a.now_ns); w != 0) {
+    if (w < 0) {
+      return refuse(refusal::quota_exceeded,
+                    fmt::format("the request needs {} tokens (prompt + max_tokens) but tenant '{}' may use {} "
+                                "a minute; lower max_tokens or split the prompt",
+                                need, s.name, s.tokens_per_minute),
+                    -1);
+    }
+    return refuse(refusal::quota_exceeded,
+                  fmt::format("tenant '{}' is over its {} tokens per minute", s.name, s.tokens_per_minute),
+                  (w + 999'999) / 1'000'000);
+  }
+  return std::nullopt;
+}
+
+admission_decision admission_control::arrive(const arrival& a) {
+  tier_state& tier = tier_of(a.tier);
+  const tier_settings& ts = *tier.settings;
+  admission_decision d;
+  d.max_tokens = a.max_tokens;
+  d.priority = kind_ == admission_policy::fcfs ? 0 : ts.priority;
+  tenant_state* tenant = nullptr;
+  if (auto it = tenant_states_.find(a.tenant); it != tenant_states_.end()) tenant = &it->second;
+
+  if (kind_ == admission_policy::tireless) {
+    const double ttft = predicted_ttft(ts.name, a.prompt_tokens);
+    const double target = std::chrono::duration<double>(ts.ttft).count();
+    const double pressure = target > 0 ? ttft / target : 0.0;
+    const int64_t beyond_ms = ms_ceil(ttft - target);
+    const degradation deg = ts.degradation_at(pressure);
+    if (deg.shed) {
+      return refuse(refusal::overloaded,
+                    fmt::format("tier '{}' is shedding load (pressure {:.2f}): the predicted time to first "
+                                "token is {:.1f} s against a target of {:.1f} s",
+                                ts.name, pressure, ttft, target),
+                    std::max<int64_t>(beyond_ms, 100));
+    }
+    if (deg.max_prompt_tokens && a.prompt_tokens > *deg.max_prompt_tokens) {
+      return refuse(refusal::prompt_too_long,
+                    fmt::format("under the current load tier '{}' accepts prompts of at most {} tokens; this "
+                                "one has {}: split it into parts of at most {} tokens, or retry later",
+                                ts.name, *deg.max_prompt_tokens, a.prompt_tokens, *deg.max_prompt_tokens),
+                    std::max<int64_t>(beyond_ms, 100));
+    }
+    if (deg.max_tokens && d.max_tokens > *deg.max_tokens) {
+      d.degradations.push_back(fmt::format("max_tokens capped from {} to {} (tier {}, pressure {:.2f})",
+                                           d.max_tokens, *deg.max_tokens, ts.name, pressure));
+      d.max_tokens = *deg.max_tokens;
+    }
+    if (ts.sheddable && ttft > target) {
+      return refuse(refusal::overloaded,
+                    fmt::format("the predicted time to first token, {:.1f} s, misses tier '{}''s target of "
+                                "{:.1f} s; retry in {} ms",
+                                ttft, ts.name, target, beyond_ms),
+                    beyond_ms);
+    }
+    if (tenant) {
+      if (auto q = check_quotas(*tenant, a, d.max_tokens)) return *q;
+    }
+  }
+  if (kind_ != admission_policy::fcfs && tier.queued >= ts.queue_bound) {
+    return refuse(refusal::overloaded,
+                  fmt::format("tier '{}' has {} requests waiting, its limit", ts.name, tier.queued),
+                  std::max<int64_t>(ms_ceil(predicted_ttft(ts.name, a.prompt_tokens)), 100));
+  }
+  holding h;
+  h.q = {a.id, a.tenant, ts.name, a.prompt_tokens, d.max_tokens, a.now_ns};
+  if (tenant && kind_ == admission_policy::tireless) {
+    h.reserved = static_cast<double>(a.prompt_tokens) + d.max_tokens;
+    tenant->requests.take(1, a.now_ns);
+    tenant->tokens.take(h.reserved, a.now_ns);
+    ++tenant->concurrent;
+    if (tenant->queue.empty()) tier.rotation.push_back(a.tenant);
+    tenant->queue.push_back(a.id);
+  } else if (kind_ == admission_policy::fcfs) {
+    arrivals_.push_back(a.id);
+  } else {
+    tier.fifo.push_back(a.id);
+  }
+  if (!(tenant && kind_ == admission_policy::tireless)) {
+    // Under fcfs and priority a tenant's concurrency is still counted, for its counters only.
+    if (tenant) ++tenant->concurrent;
+  }
+  ++tier.queued;
+  tier.queued_prompt_tokens += a.prompt_tokens;
+  held_.emplace(a.id, std::move(h));
+  d.admitted = true;
+  return d;
+}
+
+void admission_control::dequeue(const holding& h) {
+  tier_state& tier = tier_of(h.q.tier);
+  --tier.queued;
+  tier.queued_prompt_tokens -= h.q.prompt_tokens;
+}
+
+std::optional<queued_request> admission_control::next_in_tier(tier_state& t) {
+  if (kind_ != admission_policy::tireless) {
+    while (!t.fifo.empty()) {
+      const uint64_t id = t.fifo.front();
+      t.fifo.pop_front();
+      auto it = held_.find(id);
+      if (it == held_.end() || !it->second.queued) continue;
+      it->second.queued = false;
+      dequeue(it->second);
+      return it->second.q;
+    }
+    return std::nullopt;
+  }
+  // Weighted deficit round robin by tokens: the tenant at the front serves while its deficit
+  // covers its next request's tokens, else earns a quantum (times its weight) and moves back.
+  while (!t.rotation.empty()) {
+    tenant_state& tenant = tenant_states_.at(t.rotation.front());
+    while (!tenant.queue.empty()) {
+      auto it = held_.find(tenant.queue.front());
+      if (it != held_.end() && it->second.queued) break;
+      tenant.queue.pop_front();  // cancelled meanwhile
+    }
+    if (tenant.queue.empty()) {
+      tenant.deficit = 0;
+      t.rotation.pop_front();
+      continue;
+    }
+    holding& h = held_.at(tenant.queue.front());
+    const double cost = static_cast<double>(h.q.prompt_tokens) + h.q.max_tokens;
+    if (tenant.deficit >= cost) {
+      tenant.deficit -= cost;
+      tenant.queue.pop_front();
+      h.queued = false;
+      dequeue(h);
+      if (tenant.queue.empty()) {
+        tenant.deficit = 0;
+        t.rotation.pop_front();
+      }
+      return h.q;
+    }
+    tenant.deficit += drr_quantum_tokens * tenant.settings->weight;
+    t.rotation.push_back(t.rotation.front());
+    t.rotation.pop_front();
+  }
+  return std::nullopt;
+}
+
+std::optional<queued_request> admission_control::next() {
+  if (kind_ == admission_policy::fcfs) {
+    while (!arrivals_.empty()) {
+      const uint64_t id = arrivals_.front();
+      arrivals_.pop_front();
+      auto it = held_.find(id);
+      if (it == held_.end() || !it->second.queued) continue;
+      it->second.queued = false;
+      dequeue(it->second);
+      return it->second.q;
+    }
+    return std::nullopt;
+  }
+  for (tier_state& t : tier_states_) {
+    if (t.queued == 0) continue;
+    if (auto q = next_in_tier(t)) return q;
+  }
+  return std::nullopt;
+}
+
+bool admission_control::cancel(uint64_t id, int64_t now_ns) {
+  auto it = held_.find(id);
+  if (it == held_.end()) return false;
+  const bool was_queued = it->second.queued;
+  if (was_queued) dequeue(it->second);
+  finished(id, 0, now_ns);
+  return was_queued;
+}
+
+void admission_control::finished(uint64_t id, int32_t used_tokens, int64_t now_ns) {
+  auto it = held_.find(id);
+  if (it == held_.end()) return;
+  const holding& h = it->second;
+  if (auto t = tenant_states_.find(h.q.tenant); t != tenant_states_.end()) {
+    --t->second.concurrent;
+    if (h.reserved > used_tokens) t->second.tokens.give_back(h.reserved - used_tokens, now_ns);
+  }
+  held_.erase(it);
+}
+
+std::vector<queued_request> admission_control::expire(int64_t now_ns) {
+  std::vector<queued_request> out;
+  if (kind_ == admission_policy::fcfs) return out;
+  const int64_t limit = std::chrono::duration_cast<std::chrono::nanoseconds>(settings_.max_queue_wait).count();
+  for (auto& [id, h] : held_) {
+    if (h.queued && now_ns - h.q.arrival_ns > limit) out.push_back(h.q);
+  }
+  for (const queued_request& q : out) cancel(q.id, now_ns);
+  return out;
+}
+
+std::vector<std::pair<std::string, int32_t>> admission_control::queued_by_tier() const {
+  std::vector<std::pair<std::string, int32_t>> out;
+  for (const tier_state& t : tier_states_) out.emplace_back(t.settings->name, t.queued);
+  return out;
+}
+
+int32_t admission_control::queued() const {
+  int32_t n = 0;
+  for (const tier_state& t : tier_states_) n += t.queued;
+  return n;
+}
+
+}  // namespace tireless

@@ -1,0 +1,127 @@
+#pragma once
+// Admission's decisions, CAF-free: who is refused at arrival and why, what is degraded, and
+// who goes to the engine next. Three policies, selectable so they can be compared in one run:
+//   fcfs      one unbounded FIFO, no tiers: a server without admission control
+//   priority  strict tier priority, FIFO inside a tier, bounded queues (vLLM's priority
+//             scheduling with a queue limit)
+//   tireless  tier priority; tenant quotas as token buckets; weighted deficit round robin by
+//             tokens between a tier's tenants; early rejection of sheddable requests whose
+//             predicted time to first token misses the tier's target (Mooncake's
+//             prediction-based rejection); degradation ladders; bounded queues
+// Every refusal carries a reason and, when waiting helps, retry_after_ms.
+
+#include <array>
+#include <deque>
+#include <map>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "config/runtime_config.hpp"
+#include "scheduler/step_time_model.hpp"
+#include "scheduler/token_bucket.hpp"
+
+namespace tireless {
+
+struct arrival {
+  uint64_t id = 0;
+  std::string tenant;  // "" when the configuration has no tenants
+  std::string tier;
+  int32_t prompt_tokens = 0;
+  int32_t max_tokens = 0;
+  int64_t now_ns = 0;
+};
+
+enum class refusal { overloaded, quota_exceeded, prompt_too_long, invalid };
+
+struct admission_decision {
+  bool admitted = false;
+  int32_t max_tokens = 0;                 // admitted: after any cap
+  int32_t priority = 0;                   // admitted: the engine's priority (0 for all under fcfs)
+  std::vector<std::string> degradations;  // admitted: what was done, for the outcome
+  refusal reason = refusal::overloaded;   // refused
+  std::string message;
+  int64_t retry_after_ms = -1;
+};
+
+// What the engine reports with its credits.
+struct engine_load {
+  std::array<double, step_time_model::n> step_model{};
+  int64_t step_observations = 0;
+  int32_t max_step_tokens = 0, max_step_seqs = 0;
+  int32_t running = 0, waiting = 0;
+  int64_t waiting_prompt_tokens = 0;
+  double decode_context = 0;       // Σ positions attended by the running decodes
+  double finished_per_second = 0;  // completions per second (moving average)
+};
+
+struct queued_request {
+  uint64_t id = 0;
+  std::string tenant, tier;
+  int32_t prompt_tokens = 0, max_tokens = 0;
+  int64_t arrival_ns = 0;
+};
+
+class admission_control {
+ public:
+  admission_control(admission_policy kind, const admission_settings& settings,
+                   std::vector<tier_settings> tiers, std::vector<tenant_settings> tenants);
+
+  admission_decision arrive(const arrival& a);
+  // The next request for the engine, in policy order (removed from its queue).
+  std::optional<queued_request> next();
+  // A queued request left (cancelled or expired); its reservation is returned.
+  bool cancel(uint64_t id, int64_t now_ns);
+  // A released request ended having used `used_tokens` (prompt + generated): the unused part
+  // of its token reservation goes back to its tenant; its concurrency slot frees.
+  void finished(uint64_t id, int32_t used_tokens, int64_t now_ns);
+  // Queued requests that waited longer than max_queue_wait: removed, to be refused.
+  std::vector<queued_request> expire(int64_t now_ns);
+  void observe(const engine_load& load) { load_ = load; }
+
+  // Predicted seconds from arrival to the first token of a request of this tier and prompt.
+  double predicted_ttft(const std::string& tier, int32_t prompt_tokens) const;
+  std::vector<std::pair<std::string, int32_t>> queued_by_tier() const;
+  int32_t queued() const;
+  admission_policy kind() const { return kind_; }
+
+ private:
+  struct tenant_state {
+    const tenant_settings* settings = nullptr;
+    token_bucket requests, tokens;
+    int32_t concurrent = 0;     // queued + running
+    double deficit = 0;         // weighted deficit round robin, in tokens
+    std::deque<uint64_t> queue; // this tenant's queued requests (tireless)
+  };
+  struct tier_state {
+    const tier_settings* settings = nullptr;
+    std::deque<uint64_t> fifo;         // fcfs / priority order
+    std::deque<std::string> rotation;  // tenants with queued requests (tireless)
+    int32_t queued = 0;
+    int64_t queued_prompt_tokens = 0;
+  };
+  struct holding {
+    queued_request q;
+    double reserved = 0;  // tokens reserved against the tenant's per-minute quota
+    bool queued = true;
+  };
+
+  std::optional<admission_decision> check_quotas(tenant_state& t, const arrival& a, int32_t max_tokens);
+  std::optional<queued_request> next_in_tier(tier_state& t);
+  void dequeue(const holding& h);
+  tier_state& tier_of(const std::string& name);
+  double service_seconds() const;
+
+  admission_policy kind_;
+  admission_settings settings_;
+  std::vector<tier_settings> tiers_;    // highest priority first
+  std::vector<tenant_settings> tenants_;
+  std::vector<tier_state> tier_states_; // parallel to tiers_
+  std::unordered_map<std::string, tenant_state> tenant_states_;
+  std::unordered_map<uint64_t, holding> held_;  // queued or released, until finished
+  std::deque<uint64_t> arrivals_;               // fcfs order
+  engine_load load_;
+};
+
+}  // namespace tireless

@@ -1,0 +1,39 @@
+#pragma once
+// A step's duration as the engine measures it, fitted online: seconds ≈ c0 + c1·(prefill
+// tokens) + c2·(decode sequences) + c3·(positions the decode tokens attend, in thousands).
+// Recursive least squares with forgetting, so the fit follows a changing machine. Admission
+// uses it to predict how long the work ahead of a new request will take.
+
+#include <array>
+#include <cstdint>
+
+namespace tireless {
+
+struct step_shape_counts {
+  double prefill_tokens = 0;
+  double decode_seqs = 0;
+  double decode_context = 0;  // Σ over decode tokens of the positions they attend
+};
+
+class step_time_model {
+ public:
+  static constexpr int n = 4;
+  explicit step_time_model(double forgetting = 0.995);
+
+  void observe(const step_shape_counts& shape, double seconds);
+  // The predicted duration of a step of this shape, never below a tenth of a millisecond;
+  // 0 while nothing was observed.
+  double predict(const step_shape_counts& shape) const;
+  int64_t observations() const { return observations_; }
+  const std::array<double, n>& coefficients() const { return theta_; }
+  void set_coefficients(const std::array<double, n>& c, int64_t observations);
+
+ private:
+  static std::array<double, n> features(const step_shape_counts& s);
+  double lambda_;
+  std::array<double, n> theta_{};
+  std::array<std::array<double, n>, n> p_{};
+  int64_t observations_ = 0;
+};
+
+}  // namespace tireless
