@@ -1,0 +1,378 @@
+#include "report.hpp"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace tireless::load {
+
+namespace {
+
+constexpr double nan = std::numeric_limits<double>::quiet_NaN();
+
+// Nearest rank; NaN for no values.
+double percentile(std::vector<double>& v, double p) {
+  if (v.empty()) return nan;
+  const size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(v.size())));
+  const size_t i = std::min(v.size() - 1, rank == 0 ? 0 : rank - 1);
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(i), v.end());
+  return v[i];
+}
+
+double ms(std::chrono::milliseconds d) { return static_cast<double>(d.count()); }
+
+double tpot_ms(const request_record& r) {
+  if (r.completion_tokens < 2 || r.ttft_ms < 0) return nan;
+  return (r.total_ms - r.ttft_ms) / (r.completion_tokens - 1);
+}
+
+bool silently_shortened(const request_record& r) {
+  return r.done() && r.kind == outcome_kind::completed && r.reason == "max_tokens" &&
+         r.completion_tokens < r.plan.max_tokens && r.degradations.empty();
+}
+
+struct samples {
+  std::vector<double> ttft, tpot, reject;
+};
+
+void add(tier_metrics& m, samples& x, const request_record& r) {
+  ++m.offered;
+  if (!r.done()) {
+    ++m.lost;
+    return;
+  }
+  if (!r.degradations.empty()) ++m.degraded;
+  m.silently_shortened += silently_shortened(r);
+  switch (r.kind) {
+    case outcome_kind::completed: {
+      ++m.completed;
+      m.completion_tps += r.completion_tokens;
+      const double tpot = tpot_ms(r);
+      if (r.ttft_ms >= 0) x.ttft.push_back(r.ttft_ms);
+      if (!std::isnan(tpot)) x.tpot.push_back(tpot);
+      break;
+    }
+    case outcome_kind::rejected:
+      ++m.rejected;
+      ++m.rejected_by_reason[r.reason];
+      x.reject.push_back((r.outcome_s - r.submitted_s) * 1000.0);
+      break;
+    case outcome_kind::cancelled: ++m.cancelled; break;
+    case outcome_kind::failed: ++m.failed; break;
+  }
+}
+
+void finish(tier_metrics& m, samples& x, double window_s) {
+  m.ttft_p50 = percentile(x.ttft, 50);
+  m.ttft_p99 = percentile(x.ttft, 99);
+  m.tpot_p50 = percentile(x.tpot, 50);
+  m.tpot_p99 = percentile(x.tpot, 99);
+  m.reject_p50 = percentile(x.reject, 50);
+  m.reject_p99 = percentile(x.reject, 99);
+  m.slo_attainment = m.offered > 0 ? static_cast<double>(m.slo_met) / m.offered : nan;
+  m.goodput_tps /= window_s;
+  m.completion_tps /= window_s;
+}
+
+const run_result* find_run(const std::vector<run_result>& runs, admission_policy p, double multiple, size_t* index) {
+  for (size_t i = 0; i < runs.size(); ++i) {
+    if (runs[i].policy == p && std::abs(runs[i].multiple - multiple) < 1e-9) {
+      *index = i;
+      return &runs[i];
+    }
+  }
+  return nullptr;
+}
+
+std::string num(double v, const char* format = "{:.0f}") {
+  return std::isnan(v) ? std::string("-") : fmt::format(fmt::runtime(format), v);
+}
+
+std::string pct(double v) { return std::isnan(v) ? std::string("-") : fmt::format("{:.1f}%", 100 * v); }
+
+std::string short_reason(const std::string& r) {
+  if (r == "overloaded") return "ovl";
+  if (r == "quota_exceeded") return "quota";
+  if (r == "prompt_too_long") return "long";
+  return r;
+}
+
+std::string reasons(const tier_metrics& m) {
+  std::string out;
+  for (const auto& [r, n] : m.rejected_by_reason) out += fmt::format("{}{} {}", out.empty() ? "" : ", ", short_reason(r), n);
+  return out.empty() ? "" : "(" + out + ")";
+}
+
+std::string tier_row(const tier_metrics& m) {
+  return fmt::format("  {:<10} {:>8} {:>9} {:>8} {:>8} {:<22} {:>5} {:>5} {:>5} {:>7} {:>7} {:>6} {:>6} {:>7} {:>9} {:>7} {:>7}\n",
+                     m.tier, m.offered, m.completed, m.degraded, m.rejected, reasons(m), m.cancelled, m.failed,
+                     m.lost, num(m.ttft_p50), num(m.ttft_p99), num(m.tpot_p50), num(m.tpot_p99),
+                     pct(m.slo_attainment), num(m.goodput_tps, "{:.1f}"), num(m.reject_p50, "{:.1f}"),
+                     num(m.reject_p99, "{:.1f}"));
+}
+
+nlohmann::json metrics_json(const tier_metrics& m) {
+  return {{"tier", m.tier},
+          {"ttft_target_ms", m.ttft_target_ms},
+          {"tpot_target_ms", m.tpot_target_ms},
+          {"offered", m.offered},
+          {"completed", m.completed},
+          {"degraded", m.degraded},
+          {"rejected", m.rejected},
+          {"rejected_by_reason", m.rejected_by_reason},
+          {"cancelled", m.cancelled},
+          {"failed", m.failed},
+          {"lost", m.lost},
+          {"silently_shortened", m.silently_shortened},
+          {"slo_met", m.slo_met},
+          {"slo_attainment", m.slo_attainment},
+          {"goodput_tokens_per_s", m.goodput_tps},
+          {"completion_tokens_per_s", m.completion_tps},
+          {"ttft_ms", {{"p50", m.ttft_p50}, {"p99", m.ttft_p99}}},
+          {"tpot_ms", {{"p50", m.tpot_p50}, {"p99", m.tpot_p99}}},
+          {"time_to_reject_ms", {{"p50", m.reject_p50}, {"p99", m.reject_p99}}}};
+}
+
+nlohmann::json samples_json(const run_result& run, const scenario& s) {
+  nlohmann::json t = nlohmann::json::array(), queued = nlohmann::json::array(), running = nlohmann::json::array(),
+                 waiting = nlohmann::json::array();
+  nlohmann::json by_tier = nlohmann::json::object(), in_system = nlohmann::json::object();
+  for (int32_t i = 0; i < s.tier_count(); ++i) {
+    by_tier[s.tier(i).name] = nlohmann::json::array();
+    in_system[s.tier(i).name] = nlohmann::json::array();
+  }
+  for (const load_sample& x : run.samples) {
+    t.push_back(x.t);
+    queued.push_back(x.queued);
+    running.push_back(x.running);
+    waiting.push_back(x.waiting);
+    for (int32_t i = 0; i < s.tier_count(); ++i) {
+      const auto k = static_cast<size_t>(i);
+      by_tier[s.tier(i).name].push_back(x.queued_by_tier.empty() ? -1 : x.queued_by_tier[k]);
+      in_system[s.tier(i).name].push_back(x.in_system[k]);
+    }
+  }
+  return {{"t_s", t}, {"queued", queued}, {"running", running}, {"waiting_in_engine", waiting},
+          {"queued_by_tier", by_tier},
+          {"in_system_by_tier", in_system}};
+}
+
+nlohmann::json requests_json(const run_result& run, const scenario& s) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const request_record& r : run.records) {
+    nlohmann::json j = {{"arrival_s", r.plan.arrival_s},
+                        {"tier", s.tier(r.plan.tier).name},
+                        {"class", r.plan.cls >= 0 ? s.mix[static_cast<size_t>(r.plan.cls)].name : "trace"},
+                        {"prompt_tokens_asked", r.plan.prompt_tokens},
+                        {"max_tokens", r.plan.max_tokens},
+                        {"outcome", r.done() ? nlohmann::json(std::string(r.kind == outcome_kind::completed ? "completed"
+                                                              : r.kind == outcome_kind::rejected ? "rejected"
+                                                              : r.kind == outcome_kind::cancelled ? "cancelled"
+                                                                                                   : "failed"))
+                                             : nlohmann::json("lost")}};
+    if (r.done()) {
+      j["reason"] = r.reason;
+      j["outcome_after_ms"] = (r.outcome_s - r.submitted_s) * 1000.0;
+      j["prompt_tokens"] = r.prompt_tokens;
+      j["completion_tokens"] = r.completion_tokens;
+      j["ttft_ms"] = r.ttft_ms;
+      j["total_ms"] = r.total_ms;
+      if (!r.degradations.empty()) j["degradations"] = r.degradations;
+    }
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+}  // namespace
+
+run_metrics measure(const run_result& run, const scenario& s) {
+  run_metrics m;
+  std::vector<samples> x(static_cast<size_t>(s.tier_count()));
+  samples all;
+  for (int32_t i = 0; i < s.tier_count(); ++i) {
+    tier_metrics t;
+    t.tier = s.tier(i).name;
+    t.ttft_target_ms = ms(s.tier(i).ttft);
+    t.tpot_target_ms = ms(s.tier(i).tpot);
+    m.tiers.push_back(t);
+  }
+  m.total.tier = "total";
+  for (const request_record& r : run.records) {
+    ++m.requests;
+    m.lost += !r.done();
+    m.silently_shortened += silently_shortened(r);
+    if (r.plan.arrival_s < run.measure_from_s || r.plan.arrival_s >= run.measure_to_s) continue;
+    const auto k = static_cast<size_t>(r.plan.tier);
+    tier_metrics& t = m.tiers[k];
+    add(t, x[k], r);
+    add(m.total, all, r);
+    const double tpot = tpot_ms(r);
+    const bool met = r.done() && r.kind == outcome_kind::completed && r.ttft_ms >= 0 && r.ttft_ms <= t.ttft_target_ms &&
+                     (std::isnan(tpot) || tpot <= t.tpot_target_ms);
+    if (met) {
+      ++t.slo_met;
+      ++m.total.slo_met;
+      t.goodput_tps += r.completion_tokens;
+      m.total.goodput_tps += r.completion_tokens;
+    }
+  }
+  const double window = run.measure_to_s - run.measure_from_s;
+  for (size_t k = 0; k < m.tiers.size(); ++k) finish(m.tiers[k], x[k], window);
+  finish(m.total, all, window);
+  return m;
+}
+
+std::vector<bar_check> check_bars(const std::vector<run_result>& runs, const std::vector<run_metrics>& metrics) {
+  using st = bar_check::state;
+  std::vector<bar_check> bars;
+  size_t i3 = 0, i1 = 0;
+  const run_result* at3 = find_run(runs, admission_policy::tireless, 3, &i3);
+  const run_result* at1 = find_run(runs, admission_policy::tireless, 1, &i1);
+  const char* needs3 = "needs the run of tireless at 3x capacity";
+
+  bar_check top{"top tier SLO attainment >= 99% at 3x capacity (tireless)", st::skip, ""};
+  if (at3) {
+    const tier_metrics& t = metrics[i3].tiers.front();
+    top.result = t.slo_attainment >= 0.99 ? st::pass : st::fail;
+    top.detail = fmt::format("{}: {} ({} of {})", t.tier, pct(t.slo_attainment), t.slo_met, t.offered);
+  } else {
+    top.detail = needs3;
+  }
+  bars.push_back(top);
+
+  bar_check good{"total goodput at 3x >= 90% of the goodput at 1x (tireless)", st::skip, ""};
+  if (at3 && at1) {
+    const double g3 = metrics[i3].total.goodput_tps, g1 = metrics[i1].total.goodput_tps;
+    good.result = g1 > 0 && g3 >= 0.9 * g1 ? st::pass : st::fail;
+    good.detail = fmt::format("{:.1f} vs {:.1f} tokens/s ({})", g3, g1, g1 > 0 ? pct(g3 / g1) : "-");
+  } else {
+    good.detail = "needs the runs of tireless at 1x and 3x capacity";
+  }
+  bars.push_back(good);
+
+  bar_check reject{"time-to-reject p99 <= 10 ms at 3x capacity (tireless)", st::skip, ""};
+  if (at3) {
+    const tier_metrics& t = metrics[i3].total;
+    reject.result = t.rejected == 0 || t.reject_p99 <= 10.0 ? st::pass : st::fail;
+    reject.detail = t.rejected == 0 ? "no rejections" : fmt::format("p99 {:.2f} ms over {} rejections", t.reject_p99, t.rejected);
+  } else {
+    reject.detail = needs3;
+  }
+  bars.push_back(reject);
+
+  int64_t lost = 0, shortened = 0, requests = 0;
+  std::string where_lost, where_short;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    requests += metrics[i].requests;
+    lost += metrics[i].lost;
+    shortened += metrics[i].silently_shortened;
+    if (metrics[i].lost) where_lost += fmt::format(" {} {};", runs[i].label, metrics[i].lost);
+    if (metrics[i].silently_shortened) where_short += fmt::format(" {} {};", runs[i].label, metrics[i].silently_shortened);
+  }
+  bars.push_back({"zero lost requests (every run)", lost == 0 ? st::pass : st::fail,
+                  fmt::format("{} lost of {} requests{}", lost, requests, where_lost.empty() ? "" : ":" + where_lost)});
+  bars.push_back({"every degraded response says so (every run)", shortened == 0 ? st::pass : st::fail,
+                  fmt::format("{} silently shortened{}", shortened, where_short.empty() ? "" : ":" + where_short)});
+  if (runs.empty()) {
+    for (auto& b : bars) b.result = st::skip;
+  }
+  return bars;
+}
+
+std::string run_table(const run_result& run, const run_metrics& m, const scenario& s) {
+  std::string out = fmt::format(
+      "{} at {:g}x capacity: {:.3g} requests/s offered, {:g} s measured after {:g} s warm-up; {} requests, {} lost, "
+      "{:.1f} s here\n",
+      to_string(run.policy), run.multiple, run.rate_rps, run.measure_to_s - run.measure_from_s, run.measure_from_s,
+      m.requests, m.lost, run.wall_s);
+  out += fmt::format("  {:<10} {:>8} {:>9} {:>8} {:>8} {:<22} {:>5} {:>5} {:>5} {:>15} {:>13} {:>7} {:>9} {:>15}\n", "tier",
+                     "offered", "completed", "degraded", "rejected", "(by reason)", "canc", "fail", "lost",
+                     "TTFT p50/p99 ms", "TPOT p50/p99", "SLO", "goodput", "reject p50/p99");
+  for (const tier_metrics& t : m.tiers) out += tier_row(t);
+  out += tier_row(m.total);
+  std::string targets;
+  for (int32_t i = 0; i < s.tier_count(); ++i) {
+    targets += fmt::format("{}{} {}/{} ms", i ? ", " : "", s.tier(i).name, s.tier(i).ttft.count(), s.tier(i).tpot.count());
+  }
+  out += fmt::format("  (SLO: TTFT/TPOT targets {}; goodput: tokens/s of SLO-meeting completions; reject: submit to "
+                     "outcome, ms)\n",
+                     targets);
+  return out;
+}
+
+std::string comparison_table(const std::vector<run_result>& runs, const std::vector<run_metrics>& metrics,
+                             const scenario& s) {
+  std::string head = fmt::format("  {:>5} {:<9} {:>9} {:>7} {:>7} {:>7} {:>5}", "load", "policy", "offered/s", "compl",
+                                 "degr", "rej", "lost");
+  for (int32_t i = 0; i < s.tier_count(); ++i) head += fmt::format(" {:>9}", "SLO " + s.tier(i).name.substr(0, 5));
+  head += fmt::format(" {:>9} {:>9} {:>10} {:>10}\n", "SLO all", "goodput", "TTFT99 " + s.tier(0).name.substr(0, 3),
+                      "reject p99");
+  std::string out = "comparison (measured windows; goodput in completion tokens/s; times in ms)\n" + head;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const tier_metrics& t = metrics[i].total;
+    auto share = [&](int64_t n) { return t.offered > 0 ? pct(static_cast<double>(n) / t.offered) : std::string("-"); };
+    out += fmt::format("  {:>4g}x {:<9} {:>9.3g} {:>7} {:>7} {:>7} {:>5}", runs[i].multiple, to_string(runs[i].policy),
+                       runs[i].rate_rps, share(t.completed), share(t.degraded), share(t.rejected), metrics[i].lost);
+    for (const tier_metrics& m : metrics[i].tiers) out += fmt::format(" {:>9}", pct(m.slo_attainment));
+    out += fmt::format(" {:>9} {:>9} {:>10} {:>10}\n", pct(t.slo_attainment), num(t.goodput_tps, "{:.1f}"),
+                       num(metrics[i].tiers.front().ttft_p99), num(t.reject_p99, "{:.1f}"));
+  }
+  return out;
+}
+
+std::string bars_text(const std::vector<bar_check>& bars) {
+  std::string out = "bars\n";
+  for (const bar_check& b : bars) {
+    const char* word = b.result == bar_check::state::pass ? "PASS" : b.result == bar_check::state::fail ? "FAIL" : "SKIP";
+    out += fmt::format("  {}  {}: {}\n", word, b.name, b.detail);
+  }
+  return out;
+}
+
+nlohmann::json to_json(const scenario& s, const std::string& target, const capacity_result& capacity,
+                       const std::vector<run_result>& runs, const std::vector<run_metrics>& metrics,
+                       const std::vector<bar_check>& bars, bool with_requests) {
+  nlohmann::json tiers = nlohmann::json::array();
+  for (int32_t i = 0; i < s.tier_count(); ++i) {
+    tiers.push_back({{"name", s.tier(i).name}, {"priority", s.tier(i).priority}, {"ttft_ms", s.tier(i).ttft.count()},
+                     {"tpot_ms", s.tier(i).tpot.count()}});
+  }
+  nlohmann::json j = {{"scenario", {{"name", s.name}, {"file", s.file.string()}, {"description", s.description},
+                                    {"config", s.config_path.string()}, {"target", target},
+                                    {"quotas", s.lift_quotas ? "lifted" : "config"}, {"duration_s", s.duration_s},
+                                    {"warmup_s", s.warmup_s}, {"seed", s.seed}, {"tiers", tiers}}},
+                      {"capacity", {{"requests_per_s", capacity.rps}, {"completion_tokens_per_s", capacity.completion_tps},
+                                    {"prompt_tokens_per_s", capacity.prompt_tps}, {"completed", capacity.completed},
+                                    {"other_outcomes", capacity.other_outcomes}, {"concurrency", capacity.concurrency},
+                                    {"window_s", capacity.window_s}, {"warmup_s", capacity.warmup_s},
+                                    {"given", capacity.given}, {"method", capacity.method}}}};
+  nlohmann::json out_runs = nlohmann::json::array();
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const run_result& r = runs[i];
+    nlohmann::json per_tier = nlohmann::json::array();
+    for (const tier_metrics& t : metrics[i].tiers) per_tier.push_back(metrics_json(t));
+    nlohmann::json run = {{"label", r.label}, {"policy", to_string(r.policy)}, {"multiple", r.multiple},
+                          {"offered_requests_per_s", r.rate_rps}, {"measure_from_s", r.measure_from_s},
+                          {"measure_to_s", r.measure_to_s}, {"end_s", r.end_s}, {"wall_s", r.wall_s},
+                          {"requests", metrics[i].requests}, {"lost", metrics[i].lost},
+                          {"silently_shortened", metrics[i].silently_shortened}, {"tiers", per_tier},
+                          {"total", metrics_json(metrics[i].total)}, {"samples", samples_json(r, s)}};
+    if (with_requests) run["request_samples"] = requests_json(r, s);
+    out_runs.push_back(std::move(run));
+  }
+  j["runs"] = std::move(out_runs);
+  nlohmann::json out_bars = nlohmann::json::array();
+  for (const bar_check& b : bars) {
+    out_bars.push_back({{"name", b.name},
+                        {"result", b.result == bar_check::state::pass ? "pass" : b.result == bar_check::state::fail ? "fail" : "skip"},
+                        {"detail", b.detail}});
+  }
+  j["bars"] = std::move(out_bars);
+  return j;
+}
+
+}  // namespace tireless::load

@@ -1,0 +1,174 @@
+#include "runner.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+
+namespace tireless::load {
+
+namespace {
+
+double wall_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// What the outcome callbacks write into; they ignore anything that comes after the run closed.
+struct run_state {
+  std::vector<request_record> records;
+  std::vector<int32_t> in_system;
+  int64_t outstanding = 0;
+  bool closed = false;
+};
+
+void record_outcome(request_record& r, const outcome& o, double at) {
+  r.outcome_s = at;
+  r.kind = o.kind;
+  r.reason = o.reason;
+  r.degradations = o.degradations;
+  r.prompt_tokens = o.prompt_tokens;
+  r.completion_tokens = o.completion_tokens;
+  r.cached_prompt_tokens = o.cached_prompt_tokens;
+  r.preemptions = o.preemptions;
+  r.ttft_ms = o.time_to_first_token_ms;
+  r.total_ms = o.total_ms;
+}
+
+void submit(target_session& session, const std::shared_ptr<run_state>& st, size_t i) {
+  request_record& r = st->records[i];
+  r.submitted_s = session.now();
+  ++st->outstanding;
+  ++st->in_system[static_cast<size_t>(r.plan.tier)];
+  session.submit(r.plan, [st, i, &session](const outcome& o) {
+    if (st->closed) return;
+    request_record& rec = st->records[i];
+    if (rec.done()) return;  // a second outcome would be a bug of the target; the first counts
+    record_outcome(rec, o, session.now());
+    --st->outstanding;
+    --st->in_system[static_cast<size_t>(rec.plan.tier)];
+  });
+}
+
+load_sample sample(target_session& session, const scenario& s, const run_state& st) {
+  load_sample x;
+  x.t = session.now();
+  x.in_system = st.in_system;
+  if (auto p = session.probe()) {
+    x.queued = p->queued;
+    x.running = p->running;
+    x.waiting = p->waiting;
+    if (!p->queued_by_tier.empty()) {
+      x.queued_by_tier.assign(static_cast<size_t>(s.tier_count()), 0);
+      for (const auto& [name, n] : p->queued_by_tier) {
+        for (int32_t i = 0; i < s.tier_count(); ++i) {
+          if (s.tier(i).name == name) x.queued_by_tier[static_cast<size_t>(i)] = n;
+        }
+      }
+    }
+  }
+  return x;
+}
+
+}  // namespace
+
+capacity_result measure_capacity(target& t, const scenario& s, const progress_fn& progress) {
+  capacity_result c;
+  c.warmup_s = s.calibration_warmup_s;
+  c.window_s = s.calibration_s;
+  c.concurrency = s.concurrency > 0 ? s.concurrency : 2 * s.config.engine.max_step_seqs;
+  c.method = fmt::format(
+      "closed loop: {} requests from the mix in flight (each outcome replaced at once), policy fcfs, tenant quotas "
+      "lifted; completed requests per second over {:g} s after a {:g} s warm-up",
+      c.concurrency, c.window_s, c.warmup_s);
+  const auto wall_start = std::chrono::steady_clock::now();
+  auto session = t.open(admission_policy::fcfs, true, "capacity");
+  auto st = std::make_shared<run_state>();
+  st->in_system.assign(static_cast<size_t>(s.tier_count()), 0);
+  request_source source(s, s.seed ^ 0xca11b4a7e5ull);
+  const double end = c.warmup_s + c.window_s;
+  const double step = t.virtual_time() ? 0.01 : 0.02;
+  for (double now = 0; now < end && !session->broken(); now = session->now()) {
+    while (st->outstanding < c.concurrency) {
+      request_record r;
+      r.plan = source.next();
+      r.plan.arrival_s = session->now();
+      st->records.push_back(r);
+      submit(*session, st, st->records.size() - 1);  // records are reached by index: growing is safe
+    }
+    session->advance_to(now + step);
+    if (progress) progress(std::min(1.0, session->now() / end), "measuring capacity");
+  }
+  for (const request_record& r : st->records) {
+    if (!r.done() || r.outcome_s < c.warmup_s || r.outcome_s >= end) continue;
+    if (r.kind == outcome_kind::completed) {
+      ++c.completed;
+      c.completion_tps += r.completion_tokens;
+      c.prompt_tps += r.prompt_tokens;
+    } else {
+      ++c.other_outcomes;
+    }
+  }
+  st->closed = true;
+  session.reset();
+  c.rps = c.completed / c.window_s;
+  c.completion_tps /= c.window_s;
+  c.prompt_tps /= c.window_s;
+  c.wall_s = wall_since(wall_start);
+  return c;
+}
+
+run_result run_open_loop(target& t, const scenario& s, admission_policy policy, double multiple,
+                         double capacity_rps, const progress_fn& progress) {
+  run_result out;
+  out.policy = policy;
+  out.multiple = multiple;
+  out.rate_rps = multiple * capacity_rps;
+  out.label = fmt::format("{}-x{:g}", to_string(policy), multiple);
+  out.measure_from_s = s.warmup_s;
+  out.measure_to_s = s.warmup_s + s.duration_s;
+  const auto wall_start = std::chrono::steady_clock::now();
+
+  const uint64_t seed = s.seed * 1'000'003ull + static_cast<uint64_t>(multiple * 1000);
+  const std::vector<planned_request> plan = plan_open_loop(s, out.rate_rps, out.measure_to_s, seed);
+  auto st = std::make_shared<run_state>();
+  st->in_system.assign(static_cast<size_t>(s.tier_count()), 0);
+  st->records.resize(plan.size());
+  for (size_t i = 0; i < plan.size(); ++i) st->records[i].plan = plan[i];
+
+  auto session = t.open(policy, s.lift_quotas, out.label);
+  const double horizon = out.measure_to_s, drain_until = horizon + s.drain_seconds();
+  double next_sample = 0;
+  auto report = [&](const char* phase) {
+    if (!progress) return;
+    const double now = session->now();
+    progress(std::min(1.0, now / horizon),
+             fmt::format("{} {:.0f}/{:.0f} s, {} in flight", phase, std::min(now, horizon), horizon, st->outstanding));
+  };
+  auto sample_until = [&](double t_next) {
+    while (next_sample <= t_next) {
+      session->advance_to(next_sample);
+      out.samples.push_back(sample(*session, s, *st));
+      next_sample += s.sample_every_s;
+    }
+  };
+  for (size_t i = 0; i < plan.size() && !session->broken(); ++i) {
+    sample_until(plan[i].arrival_s);
+    session->advance_to(plan[i].arrival_s);
+    submit(*session, st, i);
+    if (i % 64 == 0) report("load");
+  }
+  // The rest of the horizon, then the bounded wait for the outcomes still due.
+  while (!session->broken() && (session->now() < horizon || (st->outstanding > 0 && session->now() < drain_until))) {
+    sample_until(session->now() + s.sample_every_s);
+    report(session->now() < horizon ? "load" : "drain");
+  }
+  out.end_s = session->now();
+  st->closed = true;
+  session.reset();
+  out.records = std::move(st->records);
+  out.wall_s = wall_since(wall_start);
+  return out;
+}
+
+}  // namespace tireless::load

@@ -1,0 +1,57 @@
+#pragma once
+// What the driver drives: a fresh runtime per run, behind one synchronous interface. The
+// virtual target is a virtual_runtime on the sim backend (time is virtual); the server target
+// starts tireless-serve with the run's policy (or talks to a running server) and speaks Cap'n
+// Proto RPC to it (time is the wall clock).
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "scenario.hpp"
+#include "tireless/runtime.hpp"
+#include "workload.hpp"
+
+namespace tireless::load {
+
+// The target's own view of its load at one moment.
+struct target_probe {
+  int32_t queued = -1, running = -1;  // in admission; running in the engine; -1: not reported
+  int32_t waiting = -1;               // admitted, waiting in the engine; -1: not reported
+  std::vector<std::pair<std::string, int32_t>> queued_by_tier;  // empty: not reported
+};
+
+class target_session {
+ public:
+  using outcome_fn = std::function<void(const outcome&)>;
+  virtual ~target_session() = default;
+  virtual double now() = 0;               // seconds since the session opened
+  virtual void advance_to(double t) = 0;  // runs the target (and delivers outcomes) until time t
+  // `done` runs at most once, inside advance_to, with the request's outcome.
+  virtual void submit(const planned_request& r, outcome_fn done) = 0;
+  virtual std::optional<target_probe> probe() = 0;
+  virtual bool broken() { return false; }  // the target went away: no more outcomes will come
+};
+
+class target {
+ public:
+  virtual ~target() = default;
+  // A fresh session running `policy` (quotas lifted when asked); label names its files.
+  virtual std::unique_ptr<target_session> open(admission_policy policy, bool lift_quotas, const std::string& label) = 0;
+  virtual bool virtual_time() const = 0;
+  // Whether open() can change the policy (not for a server that was already running).
+  virtual bool switches_policy() const { return true; }
+  virtual std::string describe() const = 0;
+};
+
+std::unique_ptr<target> make_virtual_target(const scenario& s);
+// serve: the tireless-serve program (ignored with scenario.address); out_dir: where the config
+// copies and server logs go.
+std::unique_ptr<target> make_server_target(const scenario& s, std::filesystem::path serve,
+                                           std::filesystem::path out_dir);
+
+}  // namespace tireless::load

@@ -1,0 +1,58 @@
+// The virtual target: a fresh virtual_runtime per run, on the sim backend's virtual clock.
+#include <fmt/format.h>
+
+#include "actors/virtual_runtime.hpp"
+#include "target.hpp"
+
+namespace tireless::load {
+
+namespace {
+
+class virtual_session final : public target_session {
+ public:
+  explicit virtual_session(const runtime_config& c) : rt_(c) {}
+
+  double now() override { return rt_.now(); }
+  void advance_to(double t) override {
+    if (t > rt_.now()) rt_.run_until(t);
+  }
+
+  void submit(const planned_request& r, outcome_fn done) override {
+    request q;
+    if (r.tenant_key) q.api_key = *r.tenant_key;
+    q.prompt_tokens = prompt_token_ids(r);
+    q.max_tokens = r.max_tokens;
+    q.timeout = std::chrono::milliseconds(r.timeout_ms);
+    rt_.submit(std::move(q), nullptr, std::move(done));
+  }
+
+  std::optional<target_probe> probe() override {
+    const runtime_stats s = rt_.stats();
+    return target_probe{s.queued_in_admission, s.running, s.waiting_in_engine, s.queued_by_tier};
+  }
+
+ private:
+  virtual_runtime rt_;
+};
+
+class virtual_target final : public target {
+ public:
+  explicit virtual_target(const scenario& s) : s_(s) {}
+
+  std::unique_ptr<target_session> open(admission_policy policy, bool lift_quotas, const std::string&) override {
+    return std::make_unique<virtual_session>(run_config(s_, policy, lift_quotas));
+  }
+  bool virtual_time() const override { return true; }
+  std::string describe() const override {
+    return fmt::format("virtual-time sim ({}, profile {})", s_.config_path.string(), s_.config.backend.sim_profile);
+  }
+
+ private:
+  const scenario& s_;
+};
+
+}  // namespace
+
+std::unique_ptr<target> make_virtual_target(const scenario& s) { return std::make_unique<virtual_target>(s); }
+
+}  // namespace tireless::load
