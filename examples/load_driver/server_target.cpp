@@ -12,10 +12,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <thread>
-#include <unordered_map>
-#include <unordered_set>
 
 #include "protocol/tireless.capnp.h"
 #include "target.hpp"
@@ -139,13 +138,16 @@ class server_process {
     if (waitpid(pid_, &status, WNOHANG) == pid_) pid_ = -1;
     return pid_ <= 0;
   }
-  // SIGTERM, then SIGKILL if it has not exited after `grace`.
-  void stop(std::chrono::seconds grace = std::chrono::seconds(30)) {
+  // SIGTERM, then SIGKILL if it has not exited after `grace` (the driver has disconnected
+  // first, so nothing is left running).
+  void stop(std::chrono::seconds grace = std::chrono::seconds(15)) {
     if (!exited()) {
       kill(pid_, SIGTERM);
       const auto until = clock_type::now() + grace;
       while (!exited() && clock_type::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(20));
       if (!exited()) {
+        std::fprintf(stderr, "\nwarning: tireless-serve (pid %d) did not exit within %lld s of SIGTERM; killed\n",
+                     static_cast<int>(pid_), static_cast<long long>(grace.count()));
         kill(pid_, SIGKILL);
         waitpid(pid_, nullptr, 0);
         pid_ = -1;
@@ -241,7 +243,6 @@ class server_session final : public target_session, public kj::TaskSet::ErrorHan
 
   void submit(const planned_request& r, outcome_fn done) override {
     connection& c = *conn_;
-    const uint64_t id = c.next_id++;
     auto call = c.inference.generateRequest();
     auto q = call.initRequest();
     if (r.tenant_key) q.setApiKey(*r.tenant_key);
@@ -257,14 +258,13 @@ class server_session final : public target_session, public kj::TaskSet::ErrorHan
     messages[system ? 1 : 0].setContent("Write a long, detailed story that uses these words:" + filler_text(own, r.content_seed));
     q.setMaxTokens(r.max_tokens);
     if (r.timeout_ms > 0) q.setTimeoutMs(r.timeout_ms);
-    call.setSink(kj::heap<sink>([&c, id, done = std::move(done)](const outcome& o) {
-      c.finished.insert(id);
-      c.generations.erase(id);
-      done(o);
-    }));
-    c.tasks.add(call.send().then([&c, id](capnp::Response<rpc::Inference::GenerateResults>&& response) {
-      // Keep the Generation until the outcome: dropping it cancels the request.
-      if (!c.finished.erase(id)) c.generations.emplace(id, response.getGeneration());
+    call.setSink(kj::heap<sink>(std::move(done)));
+    // Dropping the Generation before the outcome would cancel the request. It is kept until the
+    // session ends, not dropped at the outcome: tireless-serve (server/inference_service.cpp at
+    // 6590a56) can then free a generation's state, Cap'n Proto capability included, on a runtime
+    // thread, which kj answers with std::terminate.
+    c.tasks.add(call.send().then([&c](capnp::Response<rpc::Inference::GenerateResults>&& response) {
+      c.generations.push_back(response.getGeneration());
     }));
   }
 
@@ -290,9 +290,7 @@ class server_session final : public target_session, public kj::TaskSet::ErrorHan
     kj::Own<kj::AsyncIoStream> stream;
     capnp::TwoPartyClient client;
     rpc::Inference::Client inference;
-    std::unordered_map<uint64_t, rpc::Generation::Client> generations;
-    std::unordered_set<uint64_t> finished;  // outcomes that came before generate() returned
-    uint64_t next_id = 0;
+    std::vector<rpc::Generation::Client> generations;
     kj::TaskSet tasks;
   };
 
