@@ -1,0 +1,262 @@
+// bench_runtime_vs_bare: throughput of the real model through the whole runtime
+// (runtime::start, cpu backend, N concurrent requests) against the bare forward loop
+// (sequence_runner) on the same batch: the same prompts, max_tokens and number of
+// concurrent sequences, greedy, no stop tokens (every sequence makes exactly max_tokens).
+//
+//   bench_runtime_vs_bare [--model PATH] [--seqs 8,32] [--tokens 64] [--prompt 32] [--reps 5]
+//                         [--threads 2] [--only bare|runtime|no-polling]
+//
+// Three ways, interleaved in each repetition and rotated between repetitions:
+//   bare        sequence_runner on a cpu backend with the options runtime::start derives
+//   runtime     runtime::start + generate()
+//   no-polling  the runtime's actors and intake wired as runtime::start wires them, on an
+//               actor system whose work-stealing workers do not poll (aggressive and moderate
+//               poll attempts 1: an idle worker sleeps on its condition variable at once) —
+//               the diagnosis of the runtime's cost and its proposed fix.
+// Each run builds its own backend, so only one thread pool exists at a time. tokens/s =
+// generated tokens / wall time from the first submission to the last outcome (prefill
+// included). Context switches and CPU time are the whole process's during the run.
+#include <caf/all.hpp>
+#include <sys/resource.h>
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <future>
+#include <map>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "actors/intake.hpp"
+#include "actors/messages.hpp"
+#include "actors/pipeline.hpp"
+#include "config/resolved_limits.hpp"
+#include "gpu/cpu/cpu_backend.hpp"
+#include "gpu/sequence_runner.hpp"
+#include "model/model.hpp"
+#include "tireless/runtime.hpp"
+
+namespace {
+
+using namespace tireless;
+using clk = std::chrono::steady_clock;
+
+struct bench_options {
+  std::string model_path =
+      std::string(std::getenv("HOME") ? std::getenv("HOME") : ".") + "/.cache/tireless/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  int tokens = 64, prompt = 32, threads = 2;
+};
+
+std::vector<token_id> prompt_of(int n, int salt) {
+  std::vector<token_id> p(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) p[i] = 1000 + (i * 7919 + salt * 104729) % 30000;
+  return p;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+runtime_config config_for(const bench_options& o, int n) {
+  return parse_config(fmt::format(R"(
+[model]
+path = "{}"
+[backend]
+kind = "cpu"
+threads = {}
+[kv]
+block_size = 16
+memory_mb = 256
+[engine]
+max_step_tokens = 512
+max_step_seqs = {}
+[[tiers]]
+name = "bench"
+priority = 1
+ttft_ms = 60000
+tpot_ms = 60000
+queue_bound = {}
+)", o.model_path, o.threads, std::max(64, n), std::max(64, n)), "bench_runtime_vs_bare");
+}
+
+struct run_result {
+  double tokens_per_second = 0, cpu_seconds = 0;
+  int64_t tokens = 0, steps = 0, context_switches = 0;
+};
+
+// Times the run of `body` (which returns generated tokens and steps).
+template <class F>
+run_result measure(F body) {
+  rusage u0{}, u1{};
+  getrusage(RUSAGE_SELF, &u0);
+  const auto t0 = clk::now();
+  run_result out = body();
+  const double seconds = std::chrono::duration<double>(clk::now() - t0).count();
+  getrusage(RUSAGE_SELF, &u1);
+  auto sec = [](const timeval& t) { return t.tv_sec + t.tv_usec * 1e-6; };
+  out.tokens_per_second = static_cast<double>(out.tokens) / seconds;
+  out.cpu_seconds = sec(u1.ru_utime) + sec(u1.ru_stime) - sec(u0.ru_utime) - sec(u0.ru_stime);
+  out.context_switches = (u1.ru_nvcsw + u1.ru_nivcsw) - (u0.ru_nvcsw + u0.ru_nivcsw);
+  return out;
+}
+
+run_result run_runtime(const bench_options& o, int n) {
+  auto rt = runtime::start(config_for(o, n));
+  run_result out = measure([&] {
+    run_result r;
+    std::vector<std::future<outcome>> done;
+    for (int i = 0; i < n; ++i) {
+      request q;
+      q.prompt_tokens = prompt_of(o.prompt, i);
+      q.max_tokens = o.tokens;
+      done.push_back(rt->generate(std::move(q)));
+    }
+    for (auto& f : done) {
+      const outcome x = f.get();
+      if (x.kind != outcome_kind::completed) throw std::runtime_error("a request did not complete: " + x.message);
+      r.tokens += x.completion_tokens;
+    }
+    return r;
+  });
+  out.steps = rt->stats().steps;
+  rt->shutdown(std::chrono::milliseconds(0));
+  return out;
+}
+
+// The backend runtime::start makes from config_for(), and the limits it resolves.
+std::shared_ptr<backend> backend_for(const runtime_config& c, const std::shared_ptr<const model>& m,
+                                     resolved_limits& lim) {
+  const model_config& mc = m->config();
+  lim = resolve_limits(c, {mc.n_ctx_train, int64_t{mc.n_layer} * mc.kv_dim() * 2 * 2});
+  cpu::cpu_backend_options bo;
+  bo.threads = c.backend.threads;
+  bo.block_size = c.kv.block_size;
+  bo.kv_blocks = lim.kv_blocks;
+  bo.max_step_tokens = c.engine.max_step_tokens;
+  bo.max_step_seqs = c.engine.max_step_seqs;
+  bo.max_context = lim.max_context;
+  return std::shared_ptr<backend>(cpu::make_cpu_backend(m, bo));
+}
+
+run_result run_bare(const bench_options& o, int n, const std::shared_ptr<const model>& m) {
+  resolved_limits lim;
+  const auto be = backend_for(config_for(o, n), m, lim);
+  std::vector<generation_request> reqs;
+  for (int i = 0; i < n; ++i) {
+    generation_request r;
+    r.prompt = prompt_of(o.prompt, i);
+    r.max_tokens = o.tokens;
+    reqs.push_back(std::move(r));
+  }
+  sequence_runner runner(*be);
+  return measure([&] {
+    run_result r;
+    for (const auto& x : runner.run(reqs)) r.tokens += static_cast<int64_t>(x.tokens.size());
+    r.steps = runner.stats().steps;
+    return r;
+  });
+}
+
+run_result run_no_polling(const bench_options& o, int n, const std::shared_ptr<const model>& m) {
+  const runtime_config c = config_for(o, n);
+  caf::actor_system_config sys_cfg;
+  sys_cfg.set("scheduler.max-threads", static_cast<size_t>(std::max(2u, std::thread::hardware_concurrency())));
+  sys_cfg.set("work-stealing.aggressive-poll-attempts", size_t{1});
+  sys_cfg.set("work-stealing.moderate-poll-attempts", size_t{1});
+  caf::actor_system sys{sys_cfg};
+  resolved_limits lim;
+  auto be = backend_for(c, m, lim);
+  const pipeline_options po = make_pipeline_options(c, lim, std::move(be));
+  const pipeline p = spawn_pipeline(sys, po);
+  intake entry(sys, c, lim, m, p.admission, door_capacity(c, po));
+  run_result out = measure([&] {
+    run_result r;
+    std::vector<std::shared_ptr<std::promise<outcome>>> done;
+    for (int i = 0; i < n; ++i) {
+      request q;
+      q.prompt_tokens = prompt_of(o.prompt, i);
+      q.max_tokens = o.tokens;
+      done.push_back(std::make_shared<std::promise<outcome>>());
+      entry.submit(std::move(q), nullptr, [d = done.back()](const outcome& x) { d->set_value(x); });
+    }
+    for (auto& d : done) r.tokens += d->get_future().get().completion_tokens;
+    return r;
+  });
+  caf::scoped_actor self{sys};
+  self->request(p.engine, caf::infinite, stats_atom::value)
+      .receive([&](int32_t, int32_t, int64_t steps, int64_t) { out.steps = steps; }, [](caf::error&) {});
+  entry.close();
+  stop_pipeline(p);
+  entry.detach();
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Throughput through the runtime vs the bare forward loop (real model, cpu backend)"};
+  bench_options o;
+  std::vector<int> seqs{8, 32};
+  int reps = 5;
+  std::string only;
+  app.add_option("--model", o.model_path)->capture_default_str();
+  app.add_option("--seqs", seqs, "concurrent sequences")->delimiter(',');
+  app.add_option("--tokens", o.tokens, "max_tokens of every request")->capture_default_str();
+  app.add_option("--prompt", o.prompt, "prompt tokens of every request")->capture_default_str();
+  app.add_option("--threads", o.threads)->capture_default_str();
+  app.add_option("--reps", reps)->capture_default_str();
+  app.add_option("--only", only, "run one way only (for a profiler)")
+      ->check(CLI::IsMember({"bare", "runtime", "no-polling"}));
+  CLI11_PARSE(app, argc, argv);
+
+  const auto m = model::load(o.model_path);
+  const char* names[] = {"bare", "runtime", "no-polling"};
+  auto run = [&](int way, int n) {
+    return way == 0 ? run_bare(o, n, m) : way == 1 ? run_runtime(o, n) : run_no_polling(o, n, m);
+  };
+  for (int way = 0; way < 3; ++way) {  // warm up: page in the model, KV pages, code
+    if (only.empty() || only == names[way]) run(way, seqs.front());
+  }
+  std::map<int, std::vector<run_result>> results[3];
+  for (int r = 0; r < reps; ++r) {
+    for (int n : seqs) {
+      for (int k = 0; k < 3; ++k) {
+        const int way = (k + r) % 3;
+        if (only.empty() || only == names[way]) results[way][n].push_back(run(way, n));
+      }
+      std::fprintf(stderr, "rep %d, %d sequences done\n", r + 1, n);
+    }
+  }
+  std::printf("%s, %d threads; %d-token prompts, max_tokens %d, greedy; %d repetitions, order rotated\n",
+              m->config().name.c_str(), o.threads, o.prompt, o.tokens, reps);
+  for (int n : seqs) {
+    std::printf("\n%d sequences\n%-11s %-36s %8s %8s %6s %10s %8s\n", n, "", "tokens/s, each repetition", "median",
+                "vs bare", "steps", "ctx sw/s", "CPU ms/tok");
+    const auto& bare = results[0][n];
+    for (int way = 0; way < 3; ++way) {
+      const auto& runs = results[way][n];
+      if (runs.empty()) continue;
+      std::vector<double> tps, ratio, switches, cpu;
+      std::string each;
+      for (size_t i = 0; i < runs.size(); ++i) {
+        const run_result& x = runs[i];
+        tps.push_back(x.tokens_per_second);
+        each += fmt::format("{:.0f} ", x.tokens_per_second);
+        if (i < bare.size()) ratio.push_back(x.tokens_per_second / bare[i].tokens_per_second);
+        const double seconds = static_cast<double>(x.tokens) / x.tokens_per_second;
+        switches.push_back(static_cast<double>(x.context_switches) / seconds);
+        cpu.push_back(1e3 * x.cpu_seconds / static_cast<double>(x.tokens));
+      }
+      std::printf("%-11s %-36s %8.1f %8.3f %6lld %10.0f %8.2f\n", names[way], each.c_str(), median(tps),
+                  median(ratio), static_cast<long long>(runs.back().steps), median(switches), median(cpu));
+    }
+  }
+  std::printf("\nvs bare: median over repetitions of tokens/s divided by bare's in the same repetition; the "
+              "runtime's cost is 1 minus it. steps: of the last run.\n");
+}
