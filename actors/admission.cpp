@@ -1,6 +1,7 @@
 #include "actors/admission.hpp"
 
 #include <chrono>
+#include <map>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -25,9 +26,9 @@ struct admission_state {
   std::unique_ptr<admission_control> control;
   caf::actor engine;
   std::unordered_map<uint64_t, pending> queued;
-  int32_t credit_sequences = 0;
-  int64_t engine_received = 0;  // as of the last credits
-  int64_t sent = 0;             // requests released to the engine
+  // The engine's waiting room, as of its last credits, and what was sent since.
+  int32_t max_waiting = 0;
+  std::map<int32_t, int64_t> engine_waiting, engine_received, sent;
   bool ticking = false;
   mailbox_stats mailbox{"admission"};
 };
@@ -60,17 +61,33 @@ void reject(self_ptr self, const caf::actor& session, uint64_t id, refusal why, 
   self->send(session, std::move(m));
 }
 
+// Whether the engine has room for one more request of this priority: the requests waiting
+// there or on their way, of this priority and above, are fewer than its waiting room.
+bool room_for(const admission_state& st, int32_t priority) {
+  int64_t ahead = 0;
+  for (const auto& [p, n] : st.engine_waiting) {
+    if (p >= priority) ahead += n;
+  }
+  for (const auto& [p, n] : st.sent) {
+    if (p < priority) continue;
+    auto r = st.engine_received.find(p);
+    ahead += n - (r == st.engine_received.end() ? 0 : r->second);
+  }
+  return ahead < st.max_waiting;
+}
+
 void release(self_ptr self) {
   auto& st = self->state;
   if (!st.engine) return;
-  while (st.credit_sequences - (st.sent - st.engine_received) > 0) {
-    auto q = st.control->next();
-    if (!q) return;
-    auto it = st.queued.find(q->id);
+  while (auto q = st.control->peek_priority()) {
+    if (!room_for(st, *q)) return;
+    auto next = st.control->next();
+    auto it = st.queued.find(next->id);
     if (it == st.queued.end()) continue;
+    const int32_t priority = it->second.request.get().getTierPriority();
     self->send(st.engine, generate_atom::value, std::move(it->second.request), std::move(it->second.session));
     st.queued.erase(it);
-    ++st.sent;
+    ++st.sent[priority];
   }
 }
 
@@ -137,8 +154,11 @@ caf::behavior admission(self_ptr self, admission_options o) {
         note_mailbox(self->state.mailbox, self->mailbox().size());
         auto& st = self->state;
         const auto c = m.get();
-        st.credit_sequences = c.getSequences();
-        st.engine_received = engine_received;
+        (void)engine_received;
+        st.max_waiting = c.getMaxWaiting();
+        st.engine_waiting.clear();
+        for (auto w : c.getWaitingByPriority()) st.engine_waiting[w.getPriority()] = w.getCount();
+        for (auto r : c.getReceivedByPriority()) st.engine_received[r.getPriority()] = r.getCount();
         engine_load load;
         const auto model = c.getStepModel();
         for (unsigned i = 0; i < model.size() && i < load.step_model.size(); ++i) load.step_model[i] = model[i];

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <unordered_map>
 
 #include "actors/actor_stats.hpp"
@@ -47,6 +48,7 @@ struct engine_state {
   uint64_t step_id = 0;
   uint64_t steps = 0;
   int64_t received = 0;  // generate messages received, for admission's credit arithmetic
+  std::map<int32_t, int64_t> received_by_priority;
   int32_t free_blocks = 0, total_blocks = 0;
   rate step_seconds, prefill_rate, decode_rate, finish_rate;
   step_time_model step_model;
@@ -135,6 +137,19 @@ void send_credits(self_ptr self) {
   b.setMaxStepSeqs(st.o.limits.max_step_seqs);
   b.setWaitingPromptTokens(c.waiting_prompt_tokens);
   b.setRunningContext(static_cast<double>(c.running_context));
+  b.setMaxWaiting(st.o.max_waiting);
+  auto waiting = b.initWaitingByPriority(static_cast<unsigned>(c.waiting_by_priority.size()));
+  unsigned i = 0;
+  for (const auto& [priority, n] : c.waiting_by_priority) {
+    waiting[i].setPriority(priority);
+    waiting[i++].setCount(n);
+  }
+  auto received = b.initReceivedByPriority(static_cast<unsigned>(st.received_by_priority.size()));
+  i = 0;
+  for (const auto& [priority, n] : st.received_by_priority) {
+    received[i].setPriority(priority);
+    received[i++].setCount(n);
+  }
   self->send(st.admission, std::move(m), st.received);
 }
 
@@ -275,6 +290,8 @@ caf::behavior engine(self_ptr self, engine_options o, caf::actor kv, caf::actor 
   auto& st = self->state;
   st.o = o;
   st.core = std::make_unique<batch_scheduler>(o.limits);
+  const step_cost_prior& prior = o.step_prior;
+  st.step_model.seed({prior.c0, prior.per_prefill_token, prior.per_decode_seq, prior.per_thousand_context}, 8);
   st.kv = kv;
   st.shard = shard;
   st.admission = admission;
@@ -285,6 +302,7 @@ caf::behavior engine(self_ptr self, engine_options o, caf::actor kv, caf::actor 
         auto& st = self->state;
         ++st.received;
         const auto r = msg.get();
+        ++st.received_by_priority[r.getTierPriority()];
         sequence_spec spec;
         spec.id = r.getRequestId();
         spec.priority = r.getTierPriority();

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "gpu/backend.hpp"
 #include "scheduler/batch_scheduler.hpp"
 
 namespace tireless {
@@ -17,6 +18,7 @@ struct engine_options {
   int32_t max_waiting_tokens = 4096; // prompt tokens held waiting
   int32_t step_retries = 3;          // a failed step (shard crash) is re-run this often
   double rate_window_seconds = 2.0;  // moving-average window of the drain rates
+  step_cost_prior step_prior;        // the backend's rough step cost, until measured
 };
 
 // Messages:

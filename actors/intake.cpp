@@ -4,12 +4,13 @@
 
 #include "actors/messages.hpp"
 #include "actors/session.hpp"
+#include "actors/spawner.hpp"
 
 namespace tireless {
 
 intake::intake(caf::actor_system& sys, const runtime_config& config, const resolved_limits& limits,
                std::shared_ptr<const model> lm, caf::actor admission, int64_t door_capacity)
-    : sys_(sys),
+    : spawner_(spawn_spawner(sys)),
       config_(config),
       limits_(limits),
       lm_(std::move(lm)),
@@ -79,9 +80,18 @@ uint64_t intake::submit(request r, runtime::token_callback on_token, runtime::ou
   so.max_prompt_tokens = limits_.max_prompt_tokens;
   so.default_max_tokens = config_.admission.default_max_tokens;
   so.admission = admission_;
-  caf::actor s = spawn_session(sys_, std::move(so));
-  std::lock_guard lock(mu_);
-  if (auto it = live_.find(id); it != live_.end()) it->second = s;
+  auto options = std::make_shared<session_options>(std::move(so));
+  run_on_actor_thread(spawner_, [this, id, options](caf::actor_system& sys) {
+    caf::actor s = spawn_session(sys, std::move(*options));
+    std::lock_guard lock(mu_);
+    auto it = live_.find(id);
+    if (it == live_.end()) return;  // it already ended (refused at once)
+    it->second = s;
+    if (auto e = early_.find(id); e != early_.end()) {
+      if (e->second < 0) caf::anon_send(s, cancel_atom::value, int32_t{-1 - e->second});
+      early_.erase(e);
+    }
+  });
   return id;
 }
 
@@ -90,7 +100,11 @@ bool intake::cancel(uint64_t id) {
   {
     std::lock_guard lock(mu_);
     auto it = live_.find(id);
-    if (it == live_.end() || !it->second) return false;
+    if (it == live_.end()) return false;
+    if (!it->second) {  // its session is being spawned: cancel it as soon as it exists
+      early_[id] = -1;
+      return true;
+    }
     s = it->second;
   }
   caf::anon_send(s, cancel_atom::value, int32_t{0});
@@ -116,7 +130,11 @@ bool intake::wait_idle(std::chrono::milliseconds timeout) {
 void intake::cancel_all() {
   std::lock_guard lock(mu_);
   for (auto& [id, s] : live_) {
-    if (s) caf::anon_send(s, cancel_atom::value, int32_t{1});
+    if (s) {
+      caf::anon_send(s, cancel_atom::value, int32_t{1});
+    } else {
+      early_[id] = -2;  // cancel (shutdown) once spawned
+    }
   }
 }
 
@@ -133,9 +151,12 @@ namespace tireless {
 
 void intake::detach() {
   accepting_ = false;
+  if (spawner_) caf::anon_send_exit(spawner_, caf::exit_reason::user_shutdown);
   std::lock_guard lock(mu_);
   live_.clear();
+  early_.clear();
   admission_ = caf::actor{};
+  spawner_ = caf::actor{};
 }
 
 }  // namespace tireless

@@ -29,6 +29,7 @@ struct intake_counts {
 
 class intake {
  public:
+  // Construct on an actor-system thread (it spawns its spawner); use from any thread.
   intake(caf::actor_system& sys, const runtime_config& config, const resolved_limits& limits,
          std::shared_ptr<const model> lm, caf::actor admission, int64_t door_capacity);
 
@@ -43,13 +44,15 @@ class intake {
   // Cancels every live request (cancelled, shutdown).
   void cancel_all();
   intake_counts counts() const;
-  // After the actors stopped: let go of every actor handle (requests are refused from now on).
+  // Stops the spawner and lets go of every actor handle (requests are refused from now on).
   void detach();
+  // The actor that spawns for this intake (see spawner.hpp), for other spawning jobs.
+  const caf::actor& spawner() const { return spawner_; }
 
  private:
   void done(const outcome& o, bool entered);
 
-  caf::actor_system& sys_;
+  caf::actor spawner_;  // sessions are spawned on its thread
   const runtime_config& config_;
   resolved_limits limits_;
   std::shared_ptr<const model> lm_;
@@ -61,6 +64,7 @@ class intake {
   mutable std::mutex mu_;
   std::condition_variable idle_;
   std::unordered_map<uint64_t, caf::actor> live_;  // sessions of unfinished requests
+  std::unordered_map<uint64_t, int32_t> early_;   // cancels/acks sent before the session existed
   intake_counts counts_;
 };
 

@@ -22,6 +22,7 @@ pipeline_options make_pipeline_options(const runtime_config& c, const resolved_l
   po.kv.blocks.block_size = geo.block_size;
   po.kv.blocks.prefix_caching = c.kv.prefix_caching;
   po.kv.blocks.watermark_blocks = lim.kv_watermark_blocks;
+  po.engine.step_prior = model->cost_prior();
   po.shard.model = std::move(model);
   po.shard.simulated = c.backend.kind == backend_kind::sim;
   po.admission.policy = c.admission.policy;

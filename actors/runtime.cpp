@@ -10,6 +10,8 @@
 #include "actors/expert_shard.hpp"
 #include "actors/messages.hpp"
 #include "actors/pipeline.hpp"
+#include "actors/spawner.hpp"
+#include "actors/system_owner.hpp"
 #include "actors/intake.hpp"
 #include "actors/session.hpp"
 #include "config/resolved_limits.hpp"
@@ -24,9 +26,9 @@ struct runtime::impl {
   resolved_limits lim;
   std::shared_ptr<const model> lm;
   std::shared_ptr<backend> be;
-  std::unique_ptr<caf::actor_system_config> sys_cfg;
-  std::unique_ptr<caf::actor_system> sys;
   std::unique_ptr<remote_experts> experts;  // MoE experts on expert shards, when configured
+  caf::actor_system* sys = nullptr;         // owned by `owner`, on its thread
+  std::unique_ptr<system_owner> owner;
   pipeline actors;
   std::unique_ptr<intake> entry;  // where requests come in
   bool stopped = false;
@@ -75,14 +77,30 @@ runtime::runtime(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 std::unique_ptr<runtime> runtime::start(const runtime_config& config) {
   auto r = std::make_unique<impl>();
   r->cfg = config;
-  r->sys_cfg = std::make_unique<caf::actor_system_config>();
-  r->sys_cfg->set("scheduler.max-threads", static_cast<size_t>(std::max(2u, std::thread::hardware_concurrency())));
-  r->sys = std::make_unique<caf::actor_system>(*r->sys_cfg);
-  r->be = make_backend(*r);
-
-  const pipeline_options po = make_pipeline_options(r->cfg, r->lim, r->be);
-  r->actors = spawn_pipeline(*r->sys, po);
-  r->entry = std::make_unique<intake>(*r->sys, r->cfg, r->lim, r->lm, r->actors.admission, door_capacity(r->cfg, po));
+  impl* m = r.get();
+  // Everything that spawns actors runs on the system's owner thread (system_owner.hpp).
+  r->owner = std::make_unique<system_owner>(
+      [](caf::actor_system_config& cfg) {
+        cfg.set("scheduler.max-threads", static_cast<size_t>(std::max(2u, std::thread::hardware_concurrency())));
+        // CAF's idle workers otherwise poll for 25-50 ms after each burst of messages, waking
+        // thousands of times a second and pushing the model's compute threads off the cores
+        // (measured: 14-18% of throughput on 2 cores; bench/results/bench_runtime_vs_bare.txt).
+        // Messages from other threads wake a sleeping worker directly.
+        cfg.set("work-stealing.aggressive-poll-attempts", size_t{1});
+        cfg.set("work-stealing.moderate-poll-attempts", size_t{1});
+      },
+      [m](caf::actor_system& sys) {
+        m->sys = &sys;
+        try {
+          m->be = make_backend(*m);
+          const pipeline_options po = make_pipeline_options(m->cfg, m->lim, m->be);
+          m->actors = spawn_pipeline(sys, po);
+          m->entry = std::make_unique<intake>(sys, m->cfg, m->lim, m->lm, m->actors.admission, door_capacity(m->cfg, po));
+        } catch (...) {
+          m->experts.reset();  // its shards must stop before the system can go
+          throw;
+        }
+      });
   return std::unique_ptr<runtime>(new runtime(std::move(r)));
 }
 
@@ -117,7 +135,8 @@ void runtime::stats_async(std::function<void(const runtime_stats&)> done) {
     return;
   }
   const pipeline actors = m.actors;
-  m.sys->spawn([&m, actors, done](caf::event_based_actor* self) {
+  run_on_actor_thread(m.entry->spawner(), [&m, actors, done](caf::actor_system& sys) {
+  sys.spawn([&m, actors, done](caf::event_based_actor* self) {
     auto s = std::make_shared<runtime_stats>();
     const auto timeout = std::chrono::seconds(10);
     auto finish = [&m, s, done, self] {
@@ -161,6 +180,7 @@ void runtime::stats_async(std::function<void(const runtime_stats&)> done) {
           }, [=](caf::error&) { finish(); });
         }, [=](caf::error&) { finish(); });
   });
+  });
 }
 
 runtime_stats runtime::stats() {
@@ -178,11 +198,12 @@ void runtime::shutdown(std::chrono::milliseconds grace) {
     m.entry->cancel_all();
     m.entry->wait_idle(std::chrono::seconds(10));
   }
-  stop_pipeline(m.actors);
-  m.actors = pipeline{};
-  m.entry->detach();
-  m.experts.reset();
-  m.sys.reset();  // waits for every actor to finish
+  m.owner->stop([&m](caf::actor_system&) {  // on the owner thread, then ~actor_system()
+    stop_pipeline(m.actors);
+    m.actors = pipeline{};
+    m.entry->detach();
+    m.experts.reset();
+  });
   m.stopped = true;
 }
 

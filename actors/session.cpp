@@ -142,7 +142,7 @@ bool start(self_ptr self) {
                                           "smaller requests", st.prompt_tokens, limit)), false);
     return false;
   }
-  if (st.prompt_tokens + max_tokens > st.o.max_context) {
+  if (int64_t{st.prompt_tokens} + max_tokens > st.o.max_context) {
     finish(self, base_outcome(self, outcome_kind::rejected, "invalid",
                               fmt::format("prompt ({} tokens) plus max_tokens ({}) exceeds the context of {} "
                                           "tokens; lower max_tokens", st.prompt_tokens, max_tokens, st.o.max_context)), false);

@@ -61,9 +61,9 @@ virtual_runtime::~virtual_runtime() {
   m.entry->cancel_all();
   run();
   stop_pipeline(m.actors);
-  m.sched->run();
   m.entry->detach();
   m.actors = pipeline{};
+  m.sched->run();
 }
 
 uint64_t virtual_runtime::submit(request r, runtime::token_callback on_token, runtime::outcome_callback on_outcome) {

@@ -51,6 +51,12 @@ struct backend_limits {
   int32_t max_context = 0;      // positions per sequence
 };
 
+// What a step of the backend roughly costs before anything was measured, in seconds:
+// c0 + per prefill token + per decode sequence + per thousand positions decode tokens attend.
+struct step_cost_prior {
+  double c0 = 0, per_prefill_token = 0, per_decode_seq = 0, per_thousand_context = 0;
+};
+
 class backend {
  public:
   virtual ~backend() = default;
@@ -62,6 +68,9 @@ class backend {
   // Runs one step. Every sequence's block table must hold the blocks its positions need;
   // the step writes the new tokens' keys and values into them.
   virtual void execute(const step_batch& batch, step_result& result) = 0;
+
+  // A starting point for the engine's step-time model (refined by measurement).
+  virtual step_cost_prior cost_prior() const = 0;
 
   // Copies whole KV blocks (copy-on-write of a shared prefix block), src → dst pairs.
   virtual void copy_blocks(std::span<const std::pair<int32_t, int32_t>> src_dst) = 0;

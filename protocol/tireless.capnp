@@ -53,6 +53,12 @@ struct ChatMessage {
 interface TokenSink {
   tokens @0 (chunk :TokenChunk) -> stream;
   done @1 (outcome :Common.Outcome);
+  # Returns once the client has handled every tokens() call made before it (calls on one
+  # capability arrive in order, and a streaming call holds back the calls after it until it
+  # returns). The server uses it to stay at most a window of tokens ahead of what the client
+  # has taken. A client that does not implement it (written before it existed) gets the
+  # transport's coarser flow control instead.
+  sync @2 ();
 }
 
 struct TokenChunk {

@@ -43,6 +43,16 @@ admission_control::admission_control(admission_policy kind, const admission_sett
   }
 }
 
+// A request whose tenant the configuration does not name (a runtime without tenants) is
+// scheduled as one anonymous tenant without quotas.
+admission_control::tenant_state& admission_control::tenant_of(const std::string& name) {
+  auto it = tenant_states_.find(name);
+  if (it != tenant_states_.end()) return it->second;
+  tenant_state s;
+  s.settings = &anonymous_;
+  return tenant_states_.emplace(name, std::move(s)).first->second;
+}
+
 admission_control::tier_state& admission_control::tier_of(const std::string& name) {
   for (tier_state& t : tier_states_) {
     if (t.settings->name == name) return t;
@@ -56,7 +66,7 @@ double admission_control::service_seconds() const {
   return load_.finished_per_second > 0 ? std::max(load_.running, 1) / load_.finished_per_second : 1.0;
 }
 
-double admission_control::predicted_ttft(const std::string& tier, int32_t prompt_tokens) const {
+double admission_control::predicted_ttft(const std::string& tier, int32_t prompt_tokens, double extra_tokens) const {
   if (load_.step_observations < 8 || load_.max_step_tokens <= 0) return 0.0;  // nothing measured yet: optimistic
   step_time_model model;
   model.set_coefficients(load_.step_model, load_.step_observations);
@@ -66,7 +76,7 @@ double admission_control::predicted_ttft(const std::string& tier, int32_t prompt
   for (const tier_settings& t : tiers_) {
     if (t.name == tier) priority = t.priority;
   }
-  double tokens_ahead = static_cast<double>(load_.waiting_prompt_tokens);
+  double tokens_ahead = static_cast<double>(load_.waiting_prompt_tokens) + extra_tokens;
   int32_t requests_ahead = load_.waiting;
   for (const tier_state& t : tier_states_) {
     if (kind_ == admission_policy::fcfs || t.settings->priority >= priority) {
@@ -85,6 +95,21 @@ double admission_control::predicted_ttft(const std::string& tier, int32_t prompt
   const double excess = load_.running + requests_ahead + 1.0 - load_.max_step_seqs;
   if (excess > 0 && load_.finished_per_second > 0) ttft += excess / load_.finished_per_second;
   return ttft;
+}
+
+// How long a refused request should wait: until the work ahead of it, including the work of
+// clients refused before it and told to come back earlier, would leave it within target.
+int64_t admission_control::retry_hint_ms(const tier_settings& tier, const arrival& a, double target_seconds) {
+  // Promises whose time passed are settled: the client is back (its work is queued) or gone.
+  while (!promised_.empty() && promised_.front().first < a.now_ns) promised_.pop_front();
+  double promised = 0;
+  for (const auto& [at, tokens] : promised_) promised += tokens;
+  const double ttft = predicted_ttft(tier.name, a.prompt_tokens, promised);
+  const int64_t hint = std::max<int64_t>(ms_ceil(ttft - target_seconds), 100);
+  const int64_t at = a.now_ns + hint * 1'000'000;
+  auto pos = std::upper_bound(promised_.begin(), promised_.end(), std::make_pair(at, INT32_MAX));
+  promised_.insert(pos, {at, a.prompt_tokens});
+  return hint;
 }
 
 std::optional<admission_decision> admission_control::check_quotas(tenant_state& t, const arrival& a,
@@ -123,28 +148,26 @@ admission_decision admission_control::arrive(const arrival& a) {
   admission_decision d;
   d.max_tokens = a.max_tokens;
   d.priority = kind_ == admission_policy::fcfs ? 0 : ts.priority;
-  tenant_state* tenant = nullptr;
-  if (auto it = tenant_states_.find(a.tenant); it != tenant_states_.end()) tenant = &it->second;
+  tenant_state* tenant = &tenant_of(a.tenant);
 
   if (kind_ == admission_policy::tireless) {
     const double ttft = predicted_ttft(ts.name, a.prompt_tokens);
     const double target = std::chrono::duration<double>(ts.ttft).count();
     const double pressure = target > 0 ? ttft / target : 0.0;
-    const int64_t beyond_ms = ms_ceil(ttft - target);
     const degradation deg = ts.degradation_at(pressure);
     if (deg.shed) {
       return refuse(refusal::overloaded,
                     fmt::format("tier '{}' is shedding load (pressure {:.2f}): the predicted time to first "
                                 "token is {:.1f} s against a target of {:.1f} s",
                                 ts.name, pressure, ttft, target),
-                    std::max<int64_t>(beyond_ms, 100));
+                    retry_hint_ms(ts, a, target));
     }
     if (deg.max_prompt_tokens && a.prompt_tokens > *deg.max_prompt_tokens) {
       return refuse(refusal::prompt_too_long,
                     fmt::format("under the current load tier '{}' accepts prompts of at most {} tokens; this "
                                 "one has {}: split it into parts of at most {} tokens, or retry later",
                                 ts.name, *deg.max_prompt_tokens, a.prompt_tokens, *deg.max_prompt_tokens),
-                    std::max<int64_t>(beyond_ms, 100));
+                    retry_hint_ms(ts, a, target));
     }
     if (deg.max_tokens && d.max_tokens > *deg.max_tokens) {
       d.degradations.push_back(fmt::format("max_tokens capped from {} to {} (tier {}, pressure {:.2f})",
@@ -152,38 +175,35 @@ admission_decision admission_control::arrive(const arrival& a) {
       d.max_tokens = *deg.max_tokens;
     }
     if (ts.sheddable && ttft > target) {
+      const int64_t hint = retry_hint_ms(ts, a, target);
       return refuse(refusal::overloaded,
                     fmt::format("the predicted time to first token, {:.1f} s, misses tier '{}''s target of "
                                 "{:.1f} s; retry in {} ms",
-                                ttft, ts.name, target, beyond_ms),
-                    beyond_ms);
+                                ttft, ts.name, target, hint),
+                    hint);
     }
-    if (tenant) {
-      if (auto q = check_quotas(*tenant, a, d.max_tokens)) return *q;
-    }
+    if (auto q = check_quotas(*tenant, a, d.max_tokens)) return *q;
   }
   if (kind_ != admission_policy::fcfs && tier.queued >= ts.queue_bound) {
     return refuse(refusal::overloaded,
                   fmt::format("tier '{}' has {} requests waiting, its limit", ts.name, tier.queued),
-                  std::max<int64_t>(ms_ceil(predicted_ttft(ts.name, a.prompt_tokens)), 100));
+                  retry_hint_ms(ts, a, 0.0));
   }
   holding h;
   h.q = {a.id, a.tenant, ts.name, a.prompt_tokens, d.max_tokens, a.now_ns};
-  if (tenant && kind_ == admission_policy::tireless) {
+  ++tenant->concurrent;
+  if (kind_ == admission_policy::tireless) {
     h.reserved = static_cast<double>(a.prompt_tokens) + d.max_tokens;
     tenant->requests.take(1, a.now_ns);
     tenant->tokens.take(h.reserved, a.now_ns);
-    ++tenant->concurrent;
-    if (tenant->queue.empty()) tier.rotation.push_back(a.tenant);
-    tenant->queue.push_back(a.id);
+    tenant_queue& q = tier.tenants[a.tenant];
+    q.weight = tenant->settings->weight;
+    if (q.ids.empty()) tier.rotation.push_back(a.tenant);
+    q.ids.push_back(a.id);
   } else if (kind_ == admission_policy::fcfs) {
     arrivals_.push_back(a.id);
   } else {
     tier.fifo.push_back(a.id);
-  }
-  if (!(tenant && kind_ == admission_policy::tireless)) {
-    // Under fcfs and priority a tenant's concurrency is still counted, for its counters only.
-    if (tenant) ++tenant->concurrent;
   }
   ++tier.queued;
   tier.queued_prompt_tokens += a.prompt_tokens;
@@ -214,31 +234,31 @@ std::optional<queued_request> admission_control::next_in_tier(tier_state& t) {
   // Weighted deficit round robin by tokens: the tenant at the front serves while its deficit
   // covers its next request's tokens, else earns a quantum (times its weight) and moves back.
   while (!t.rotation.empty()) {
-    tenant_state& tenant = tenant_states_.at(t.rotation.front());
-    while (!tenant.queue.empty()) {
-      auto it = held_.find(tenant.queue.front());
+    tenant_queue& tq = t.tenants[t.rotation.front()];
+    while (!tq.ids.empty()) {
+      auto it = held_.find(tq.ids.front());
       if (it != held_.end() && it->second.queued) break;
-      tenant.queue.pop_front();  // cancelled meanwhile
+      tq.ids.pop_front();  // cancelled meanwhile
     }
-    if (tenant.queue.empty()) {
-      tenant.deficit = 0;
+    if (tq.ids.empty()) {
+      tq.deficit = 0;
       t.rotation.pop_front();
       continue;
     }
-    holding& h = held_.at(tenant.queue.front());
+    holding& h = held_.at(tq.ids.front());
     const double cost = static_cast<double>(h.q.prompt_tokens) + h.q.max_tokens;
-    if (tenant.deficit >= cost) {
-      tenant.deficit -= cost;
-      tenant.queue.pop_front();
+    if (tq.deficit >= cost) {
+      tq.deficit -= cost;
+      tq.ids.pop_front();
       h.queued = false;
       dequeue(h);
-      if (tenant.queue.empty()) {
-        tenant.deficit = 0;
+      if (tq.ids.empty()) {
+        tq.deficit = 0;
         t.rotation.pop_front();
       }
       return h.q;
     }
-    tenant.deficit += drr_quantum_tokens * tenant.settings->weight;
+    tq.deficit += drr_quantum_tokens * tq.weight;
     t.rotation.push_back(t.rotation.front());
     t.rotation.pop_front();
   }
@@ -261,6 +281,20 @@ std::optional<queued_request> admission_control::next() {
   for (tier_state& t : tier_states_) {
     if (t.queued == 0) continue;
     if (auto q = next_in_tier(t)) return q;
+  }
+  return std::nullopt;
+}
+
+std::optional<int32_t> admission_control::peek_priority() const {
+  if (kind_ == admission_policy::fcfs) {
+    for (uint64_t id : arrivals_) {
+      auto it = held_.find(id);
+      if (it != held_.end() && it->second.queued) return 0;
+    }
+    return std::nullopt;
+  }
+  for (const tier_state& t : tier_states_) {
+    if (t.queued > 0) return t.settings->priority;
   }
   return std::nullopt;
 }

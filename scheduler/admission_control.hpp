@@ -71,6 +71,8 @@ class admission_control {
   admission_decision arrive(const arrival& a);
   // The next request for the engine, in policy order (removed from its queue).
   std::optional<queued_request> next();
+  // The engine priority of the request next() would return, if any.
+  std::optional<int32_t> peek_priority() const;
   // A queued request left (cancelled or expired); its reservation is returned.
   bool cancel(uint64_t id, int64_t now_ns);
   // A released request ended having used `used_tokens` (prompt + generated): the unused part
@@ -80,8 +82,9 @@ class admission_control {
   std::vector<queued_request> expire(int64_t now_ns);
   void observe(const engine_load& load) { load_ = load; }
 
-  // Predicted seconds from arrival to the first token of a request of this tier and prompt.
-  double predicted_ttft(const std::string& tier, int32_t prompt_tokens) const;
+  // Predicted seconds from arrival to the first token of a request of this tier and prompt,
+  // with extra_tokens more prompt work ahead of it.
+  double predicted_ttft(const std::string& tier, int32_t prompt_tokens, double extra_tokens = 0) const;
   std::vector<std::pair<std::string, int32_t>> queued_by_tier() const;
   int32_t queued() const;
   admission_policy kind() const { return kind_; }
@@ -91,13 +94,17 @@ class admission_control {
     const tenant_settings* settings = nullptr;
     token_bucket requests, tokens;
     int32_t concurrent = 0;     // queued + running
+  };
+  struct tenant_queue {         // a tenant's queued requests in one tier (tireless)
+    std::deque<uint64_t> ids;
     double deficit = 0;         // weighted deficit round robin, in tokens
-    std::deque<uint64_t> queue; // this tenant's queued requests (tireless)
+    double weight = 1.0;
   };
   struct tier_state {
     const tier_settings* settings = nullptr;
     std::deque<uint64_t> fifo;         // fcfs / priority order
     std::deque<std::string> rotation;  // tenants with queued requests (tireless)
+    std::unordered_map<std::string, tenant_queue> tenants;
     int32_t queued = 0;
     int64_t queued_prompt_tokens = 0;
   };
@@ -108,6 +115,8 @@ class admission_control {
   };
 
   std::optional<admission_decision> check_quotas(tenant_state& t, const arrival& a, int32_t max_tokens);
+  int64_t retry_hint_ms(const tier_settings& tier, const arrival& a, double target_seconds);
+  tenant_state& tenant_of(const std::string& name);
   std::optional<queued_request> next_in_tier(tier_state& t);
   void dequeue(const holding& h);
   tier_state& tier_of(const std::string& name);
@@ -117,10 +126,15 @@ class admission_control {
   admission_settings settings_;
   std::vector<tier_settings> tiers_;    // highest priority first
   std::vector<tenant_settings> tenants_;
+  tenant_settings anonymous_;           // requests without a configured tenant share its queue
   std::vector<tier_state> tier_states_; // parallel to tiers_
   std::unordered_map<std::string, tenant_state> tenant_states_;
   std::unordered_map<uint64_t, holding> held_;  // queued or released, until finished
   std::deque<uint64_t> arrivals_;               // fcfs order
+  // Work promised to refused clients: (retry time, prompt tokens). A client told to come back
+  // at t finds the work of those told to come back before it still ahead, so hints are
+  // staggered and a herd of refused clients does not return at once into the same wall.
+  std::deque<std::pair<int64_t, int32_t>> promised_;
   engine_load load_;
 };
 

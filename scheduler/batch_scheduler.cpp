@@ -51,29 +51,31 @@ kv_request batch_scheduler::propose() {
   commits_.clear();
   plan_.clear();
   const std::vector<seq_id> order = keep_order();
-  // The token budget goes first to one token for every running sequence that is decoding,
-  // then to prefill chunks (new, continuing or recomputed sequences) in keep order: running
-  // requests never starve behind a prefill that the KV pool may refuse.
-  std::map<seq_id, int32_t> tokens;
-  int32_t budget = limits_.max_step_tokens, stepped = 0;
+  // Places in the step go in keep order (higher tiers first, so a full batch of low-tier
+  // decodes cannot keep a premium request out: vLLM issue 40004). Among the placed, the token
+  // budget goes first to one token for every decode, then to prefill chunks in keep order, so
+  // decodes never starve behind a prefill the KV pool may refuse.
+  std::vector<seq_id> placed;
   for (seq_id id : order) {
     const sequence& s = seqs_.at(id);
-    if (s.running && !s.paused() && static_cast<int32_t>(s.tokens.size()) - s.computed == 1 &&
-        stepped < limits_.max_step_seqs && budget > 0) {
+    if (static_cast<int32_t>(placed.size()) >= limits_.max_step_seqs) break;
+    if (!s.paused() && static_cast<int32_t>(s.tokens.size()) > s.computed) placed.push_back(id);
+  }
+  std::map<seq_id, int32_t> tokens;
+  int32_t budget = limits_.max_step_tokens;
+  for (seq_id id : placed) {
+    const sequence& s = seqs_.at(id);
+    if (s.running && static_cast<int32_t>(s.tokens.size()) - s.computed == 1 && budget > 0) {
       tokens[id] = 1;
       --budget;
-      ++stepped;
     }
   }
-  for (seq_id id : order) {
+  for (seq_id id : placed) {
+    if (tokens.count(id) || budget <= 0) continue;
     const sequence& s = seqs_.at(id);
-    const int32_t want = static_cast<int32_t>(s.tokens.size()) - s.computed;
-    if (tokens.count(id) || s.paused() || (want <= 1 && s.running)) continue;
-    if (stepped >= limits_.max_step_seqs || budget <= 0) break;
-    const int32_t n = std::min(want, budget);
+    const int32_t n = std::min(static_cast<int32_t>(s.tokens.size()) - s.computed, budget);
     tokens[id] = n;
     budget -= n;
-    ++stepped;
   }
   for (seq_id id : order) {
     const sequence& s = seqs_.at(id);
@@ -204,6 +206,7 @@ sequence_counts batch_scheduler::counts() const {
       c.running_context += s.computed;
     } else {
       ++c.waiting;
+      ++c.waiting_by_priority[s.spec.priority];
       c.waiting_prompt_tokens += static_cast<int64_t>(s.tokens.size());
     }
   }

@@ -53,6 +53,7 @@ struct sequence_counts {
   int32_t waiting = 0, running = 0, paused = 0;
   int64_t waiting_prompt_tokens = 0;  // not yet computed, summed over waiting requests
   int64_t running_context = 0;        // positions held by running requests, summed
+  std::map<int32_t, int32_t> waiting_by_priority;
 };
 
 class batch_scheduler {

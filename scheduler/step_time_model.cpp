@@ -41,3 +41,18 @@ void step_time_model::set_coefficients(const std::array<double, n>& c, int64_t o
 }
 
 }  // namespace tireless
+
+namespace tireless {
+
+void step_time_model::seed(const std::array<double, n>& prior, int64_t weight) {
+  theta_ = prior;
+  observations_ = weight;
+  // Confidence in the prior, per feature scale: a few steps' worth of evidence.
+  const std::array<double, n> scale = {1.0, 1e-6, 1e-4, 1e-2};
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < n; ++j) p_[i][j] = 0;
+    p_[i][i] = scale[i];
+  }
+}
+
+}  // namespace tireless

@@ -27,6 +27,8 @@ class step_time_model {
   int64_t observations() const { return observations_; }
   const std::array<double, n>& coefficients() const { return theta_; }
   void set_coefficients(const std::array<double, n>& c, int64_t observations);
+  // Starts from a prior fit (counted as `weight` observations); measurements then refine it.
+  void seed(const std::array<double, n>& prior, int64_t weight);
 
  private:
   static std::array<double, n> features(const step_shape_counts& s);

@@ -82,6 +82,9 @@ struct inference_service::generation_state {
   std::vector<int32_t> pending_ids;
   int32_t generated = 0;
   bool sending = false;    // a tokens() call is in flight
+  int32_t unsynced = 0;    // tokens sent to the client, not yet confirmed by a sync()
+  bool syncing = false;    // a sync() call is in flight
+  bool sync_supported = true;
   bool broken = false;     // the client went away
   std::optional<outcome> final;
   bool done_sent = false;
@@ -94,9 +97,13 @@ namespace {
 
 using state_ptr = std::shared_ptr<inference_service::generation_state>;
 
+// Confirms delivered tokens with sync(): once it returns, the client has handled them, and
+// the runtime may send that many more (its window). Without sync (an older client), tokens
+// count as taken once the transport accepted them.
+void confirm(state_ptr s, runtime& rt, kj::TaskSet& tasks, std::function<void()> on_delivered);
+
 // Sends what is pending: one tokens() chunk at a time (later tokens merge into the next
-// chunk), acknowledging each chunk to the runtime once the stream has room for it; then, at
-// the end, done().
+// chunk); then, at the end, done().
 void pump(state_ptr s, runtime& rt, kj::TaskSet& tasks, std::function<void()> on_delivered) {
   if (s->sending || s->broken) return;
   if (!s->pending_ids.empty()) {
@@ -112,7 +119,8 @@ void pump(state_ptr s, runtime& rt, kj::TaskSet& tasks, std::function<void()> on
     tasks.add(req.send().then(
         [s, &rt, &tasks, n, on_delivered]() mutable {
           s->sending = false;
-          if (!s->final) rt.acknowledge(s->id, n);
+          s->unsynced += n;
+          confirm(s, rt, tasks, on_delivered);
           pump(s, rt, tasks, on_delivered);
         },
         [s, &rt](kj::Exception&&) {
@@ -129,6 +137,34 @@ void pump(state_ptr s, runtime& rt, kj::TaskSet& tasks, std::function<void()> on
     tasks.add(req.send().ignoreResult().then([on_delivered] { on_delivered(); },
                                              [on_delivered](kj::Exception&&) { on_delivered(); }));
   }
+}
+
+void confirm(state_ptr s, runtime& rt, kj::TaskSet& tasks, std::function<void()> on_delivered) {
+  if (s->unsynced == 0 || s->syncing || s->broken) return;
+  if (!s->sync_supported) {
+    if (!s->final) rt.acknowledge(s->id, s->unsynced);
+    s->unsynced = 0;
+    return;
+  }
+  s->syncing = true;
+  const int32_t n = s->unsynced;
+  tasks.add(s->sink.syncRequest().send().ignoreResult().then(
+      [s, &rt, &tasks, n, on_delivered]() {
+        s->syncing = false;
+        s->unsynced -= n;
+        if (!s->final) rt.acknowledge(s->id, n);
+        confirm(s, rt, tasks, on_delivered);
+      },
+      [s, &rt, &tasks, on_delivered](kj::Exception&& e) {
+        s->syncing = false;
+        if (e.getType() == kj::Exception::Type::UNIMPLEMENTED) {
+          s->sync_supported = false;
+          confirm(s, rt, tasks, on_delivered);
+          return;
+        }
+        s->broken = true;  // the client is gone: stop its request
+        rt.cancel(s->id);
+      }));
 }
 
 class generation_impl final : public rpc::Generation::Server {

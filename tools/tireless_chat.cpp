@@ -51,6 +51,8 @@ class printing_sink final : public rpc::TokenSink::Server {
     std::fflush(stdout);
     return kj::READY_NOW;
   }
+  // Every earlier tokens() call has returned: the server may send more.
+  kj::Promise<void> sync(SyncContext) override { return kj::READY_NOW; }
   kj::Promise<void> done(DoneContext context) override {
     turn_->outcome.setRoot(context.getParams().getOutcome());
     done_->fulfill();

@@ -33,6 +33,9 @@ class Sink(tireless.TokenSink.Server):
         self.out.write(chunk.text)
         self.out.flush()
 
+    async def sync(self, **kwargs):
+        pass  # every earlier tokens() call has returned by now: the server may send more
+
     async def done(self, outcome, **kwargs):
         if not self.outcome.done():
             self.outcome.set_result(outcome.as_builder())

@@ -67,6 +67,7 @@ class cpu_backend final : public backend {
   kv_geometry kv() const override;
   backend_limits limits() const override;
   int32_t n_vocab() const override { return c_.n_vocab; }
+  step_cost_prior cost_prior() const override;
   void execute(const step_batch& batch, step_result& result) override;
   void copy_blocks(std::span<const std::pair<int32_t, int32_t>> src_dst) override;
 
@@ -209,6 +210,16 @@ cpu_backend::cpu_backend(std::shared_ptr<const model> m, const cpu_backend_optio
 
 std::string cpu_backend::describe() const {
   return fmt::format("cpu ({} kernels, {} threads)", name(k_.id), pool_.size());
+}
+
+// SmolLM2-135M on two cores of this machine kind (the cpu-smollm2 sim profile, fitted by
+// bench/sim_calibrate), scaled by the model's size per token and the threads used.
+step_cost_prior cpu_backend::cost_prior() const {
+  const double smollm2 = 30.0 * (576.0 * 576 * 2 + 576.0 * 192 * 2 + 576.0 * 1536 * 3);
+  const double size = c_.n_layer * (double(c_.n_embd) * c_.q_dim() * 2 + double(c_.n_embd) * c_.kv_dim() * 2 +
+                                    double(c_.n_embd) * c_.n_ff * 3 * std::max(1, c_.n_expert_used));
+  const double scale = size / smollm2 * 2.0 / pool_.size();
+  return {0.00467, 0.000422 * scale, 0.000604 * scale, 0.00191 * scale};
 }
 
 kv_geometry cpu_backend::kv() const {

@@ -21,6 +21,9 @@ class sim_backend final : public backend {
   kv_geometry kv() const override { return profile_.kv; }
   backend_limits limits() const override { return profile_.limits; }
   int32_t n_vocab() const override { return profile_.n_vocab; }
+  step_cost_prior cost_prior() const override {
+    return {profile_.cost.c0, profile_.cost.c_prefill, profile_.cost.c_decode, profile_.cost.c_context * 1000.0};
+  }
 
   // Throws std::invalid_argument, with the cpu backend's messages, for a batch past the
   // limits, positions outside the context, a short block table, a block outside the pool or

@@ -62,6 +62,7 @@ class sim_harness {
     po.kv.blocks = {o.kv_blocks, o.block_size, o.prefix_caching, 0};
     po.kv.check_invariants = true;
     po.shard.model = backend_;
+    po.engine.step_prior = backend_->cost_prior();
     po.shard.simulated = true;
     po.shard.crash_probability = o.crash_probability;
     po.shard.seed = o.seed;

@@ -256,6 +256,9 @@ def make_sink_class(schema):
             if self.delay:
                 await asyncio.sleep(self.delay)
 
+        async def sync(self, **kwargs):
+            pass
+
         async def done(self, outcome, **kwargs):
             self.done_count += 1
             if self.outcome is None:

@@ -1,0 +1,239 @@
+#include "scheduler/admission_control.hpp"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+
+namespace tireless {
+namespace {
+
+using namespace std::chrono_literals;
+
+tier_settings tier(std::string name, int32_t priority, std::chrono::milliseconds ttft, bool sheddable = true,
+                   std::vector<degrade_step> ladder = {}) {
+  tier_settings t;
+  t.name = std::move(name);
+  t.priority = priority;
+  t.ttft = ttft;
+  t.tpot = 1000ms;
+  t.queue_bound = 1000;
+  t.sheddable = sheddable;
+  t.degrade = std::move(ladder);
+  return t;
+}
+
+tenant_settings tenant(std::string name, std::string tier, double weight = 1.0) {
+  tenant_settings t;
+  t.name = std::move(name);
+  t.keys = {"key-" + t.name};
+  t.tier = std::move(tier);
+  t.weight = weight;
+  return t;
+}
+
+constexpr int64_t second = 1'000'000'000;
+
+// An engine whose steps take 10 ms + 1 ms per prefill token: a 100-token prompt alone has a
+// predicted TTFT of (0 steps + 1) × (10 + 1 ms × (512 − decodes)) ≈ 0.5 s at idle.
+engine_load busy_engine(int64_t waiting_prompt_tokens) {
+  engine_load l;
+  l.step_model = {0.010, 0.001, 0.0, 0.0};
+  l.step_observations = 100;
+  l.max_step_tokens = 512;
+  l.max_step_seqs = 64;
+  l.running = 0;
+  l.waiting_prompt_tokens = waiting_prompt_tokens;
+  l.finished_per_second = 10;
+  return l;
+}
+
+admission_decision arrive(admission_control& c, uint64_t id, const std::string& tenant_name, const std::string& tier_name,
+                          int64_t now, int32_t prompt = 100, int32_t max_tokens = 100) {
+  return c.arrive({id, tenant_name, tier_name, prompt, max_tokens, now});
+}
+
+TEST(admission_control, higher_tiers_go_first_and_fcfs_ignores_tiers) {
+  const std::vector<tier_settings> tiers = {tier("gold", 2, 60s), tier("free", 1, 60s)};
+  for (admission_policy p : {admission_policy::priority, admission_policy::tireless, admission_policy::fcfs}) {
+    admission_control c(p, {}, tiers, {});
+    ASSERT_TRUE(arrive(c, 1, "", "free", 0).admitted);
+    ASSERT_TRUE(arrive(c, 2, "", "free", 1).admitted);
+    ASSERT_TRUE(arrive(c, 3, "", "gold", 2).admitted);
+    std::vector<uint64_t> order;
+    while (auto q = c.next()) order.push_back(q->id);
+    if (p == admission_policy::fcfs) {
+      EXPECT_EQ(order, (std::vector<uint64_t>{1, 2, 3}));
+    } else {
+      EXPECT_EQ(order, (std::vector<uint64_t>{3, 1, 2})) << to_string(p);
+    }
+  }
+}
+
+TEST(admission_control, a_flooding_tenant_cannot_starve_another_of_its_tier) {
+  admission_control c(admission_policy::tireless, {}, {tier("free", 1, 600s)},
+                      {tenant("flood", "free"), tenant("quiet", "free")});
+  uint64_t id = 1;
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(arrive(c, id++, "flood", "free", i).admitted);
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(arrive(c, id++, "quiet", "free", 200 + i).admitted);
+  int quiet_served = 0, served = 0;
+  while (auto q = c.next()) {
+    ++served;
+    if (q->tenant == "quiet") ++quiet_served;
+    if (served == 24) break;
+  }
+  EXPECT_GE(quiet_served, 10) << "the quiet tenant's 10 requests were all served among the first 24";
+}
+
+TEST(admission_control, weights_split_a_tier_by_tokens) {
+  admission_control c(admission_policy::tireless, {}, {tier("free", 1, 600s)},
+                      {tenant("heavy", "free", 2.0), tenant("light", "free", 1.0)});
+  uint64_t id = 1;
+  for (int i = 0; i < 300; ++i) {
+    arrive(c, id++, "heavy", "free", i);
+    arrive(c, id++, "light", "free", i);
+  }
+  std::map<std::string, int> served;
+  for (int i = 0; i < 150; ++i) served[c.next()->tenant]++;
+  EXPECT_NEAR(static_cast<double>(served["heavy"]) / served["light"], 2.0, 0.2);
+}
+
+TEST(admission_control, a_request_over_its_rate_quota_is_told_the_exact_wait) {
+  tenant_settings t = tenant("a", "free");
+  t.requests_per_minute = 60;  // one a second, a burst of 60
+  admission_control c(admission_policy::tireless, {}, {tier("free", 1, 600s)}, {t});
+  for (int i = 0; i < 60; ++i) ASSERT_TRUE(arrive(c, i + 1, "a", "free", 0).admitted);
+  const admission_decision d = arrive(c, 100, "a", "free", second / 4);
+  ASSERT_FALSE(d.admitted);
+  EXPECT_EQ(d.reason, refusal::quota_exceeded);
+  EXPECT_EQ(d.retry_after_ms, 750) << "0.25 of a token refilled; 0.75 s to go";
+  EXPECT_FALSE(arrive(c, 101, "a", "free", second / 4 + 749'000'000).admitted);
+  EXPECT_TRUE(arrive(c, 102, "a", "free", second / 4 + 750'000'000).admitted) << "honest: admitted after the wait";
+}
+
+TEST(admission_control, token_quota_reserves_and_refunds_what_was_not_used) {
+  tenant_settings t = tenant("a", "free");
+  t.tokens_per_minute = 1000;
+  admission_control c(admission_policy::tireless, {}, {tier("free", 1, 600s)}, {t});
+  ASSERT_TRUE(arrive(c, 1, "a", "free", 0, 100, 400).admitted);   // reserves 500
+  ASSERT_TRUE(arrive(c, 2, "a", "free", 0, 100, 400).admitted);   // reserves 500
+  const admission_decision d = arrive(c, 3, "a", "free", 0, 100, 100);
+  ASSERT_FALSE(d.admitted);
+  EXPECT_EQ(d.retry_after_ms, 12000) << "200 tokens at 1000 a minute";
+  c.next();
+  c.finished(1, 150, 0);  // used 150 of 500: 350 come back
+  EXPECT_TRUE(arrive(c, 4, "a", "free", 0, 100, 100).admitted);
+  const admission_decision too_big = arrive(c, 5, "a", "free", 0, 600, 600);
+  ASSERT_FALSE(too_big.admitted);
+  EXPECT_EQ(too_big.retry_after_ms, -1) << "more than a minute's quota: waiting cannot help";
+}
+
+TEST(admission_control, concurrency_quota_counts_queued_and_running_requests) {
+  tenant_settings t = tenant("a", "free");
+  t.max_concurrent = 2;
+  admission_control c(admission_policy::tireless, {}, {tier("free", 1, 600s)}, {t});
+  ASSERT_TRUE(arrive(c, 1, "a", "free", 0).admitted);
+  ASSERT_TRUE(arrive(c, 2, "a", "free", 0).admitted);
+  const admission_decision d = arrive(c, 3, "a", "free", 0);
+  EXPECT_FALSE(d.admitted);
+  EXPECT_EQ(d.reason, refusal::quota_exceeded);
+  EXPECT_GT(d.retry_after_ms, 0);
+  c.next();
+  c.finished(1, 200, 0);
+  EXPECT_TRUE(arrive(c, 4, "a", "free", 0).admitted);
+}
+
+// Early rejection happens exactly when the prediction misses the tier's target.
+TEST(admission_control, early_rejection_when_and_only_when_the_prediction_misses_the_target) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 300; ++trial) {
+    const auto target = std::chrono::milliseconds(200 + rng() % 5000);
+    admission_control c(admission_policy::tireless, {}, {tier("t", 1, target)}, {});
+    c.observe(busy_engine(static_cast<int64_t>(rng() % 20000)));
+    const int32_t prompt = 1 + static_cast<int32_t>(rng() % 4000);
+    const double predicted = c.predicted_ttft("t", prompt);
+    const admission_decision d = arrive(c, 1, "", "t", 0, prompt);
+    const double target_s = std::chrono::duration<double>(target).count();
+    EXPECT_EQ(d.admitted, predicted <= target_s) << "predicted " << predicted << " target " << target_s;
+    if (!d.admitted) {
+      EXPECT_EQ(d.reason, refusal::overloaded);
+      EXPECT_EQ(d.retry_after_ms, std::max<int64_t>(100, static_cast<int64_t>(std::ceil((predicted - target_s) * 1000))));
+    }
+  }
+}
+
+TEST(admission_control, a_tier_that_is_not_sheddable_is_never_refused_for_its_prediction) {
+  admission_control c(admission_policy::tireless, {}, {tier("gold", 1, 100ms, false)}, {});
+  c.observe(busy_engine(100000));
+  EXPECT_GT(c.predicted_ttft("gold", 100), 10.0);
+  EXPECT_TRUE(arrive(c, 1, "", "gold", 0).admitted);
+}
+
+TEST(admission_control, each_degradation_level_applies_and_is_reported) {
+  const std::vector<degrade_step> ladder = {{0.5, degrade_action::cap_max_tokens, 64},
+                                            {0.8, degrade_action::cap_prompt_tokens, 500},
+                                            {1.5, degrade_action::shed, 0}};
+  // The target is large against the engine's speed, so pressure is set by the work ahead.
+  auto decide = [&](int64_t waiting, int32_t prompt, int32_t max_tokens) {
+    admission_control c(admission_policy::tireless, {}, {tier("std", 1, 10000ms, true, ladder)}, {});
+    c.observe(busy_engine(waiting));
+    return std::pair(arrive(c, 1, "", "std", 0, prompt, max_tokens), c.predicted_ttft("std", prompt) / 10.0);
+  };
+  auto [calm, p0] = decide(0, 100, 200);
+  ASSERT_LT(p0, 0.5);
+  EXPECT_TRUE(calm.admitted);
+  EXPECT_EQ(calm.max_tokens, 200);
+  EXPECT_TRUE(calm.degradations.empty());
+
+  auto [capped, p1] = decide(5000, 100, 200);
+  ASSERT_GE(p1, 0.5);
+  ASSERT_LT(p1, 0.8);
+  EXPECT_TRUE(capped.admitted);
+  EXPECT_EQ(capped.max_tokens, 64);
+  ASSERT_EQ(capped.degradations.size(), 1u);
+  EXPECT_NE(capped.degradations[0].find("capped from 200 to 64"), std::string::npos) << capped.degradations[0];
+
+  auto [long_prompt, p2] = decide(8000, 600, 200);
+  ASSERT_GE(p2, 0.8);
+  ASSERT_LT(p2, 1.0);
+  EXPECT_FALSE(long_prompt.admitted);
+  EXPECT_EQ(long_prompt.reason, refusal::prompt_too_long);
+  EXPECT_NE(long_prompt.message.find("split"), std::string::npos);
+  auto [short_prompt, p3] = decide(8000, 100, 200);
+  EXPECT_TRUE(short_prompt.admitted) << "pressure " << p3;
+  EXPECT_EQ(short_prompt.max_tokens, 64);
+
+  auto [shed, p4] = decide(40000, 100, 200);
+  ASSERT_GE(p4, 1.5);
+  EXPECT_FALSE(shed.admitted);
+  EXPECT_EQ(shed.reason, refusal::overloaded);
+  EXPECT_GT(shed.retry_after_ms, 0);
+}
+
+TEST(admission_control, requests_that_wait_too_long_expire) {
+  admission_settings s;
+  s.max_queue_wait = 1000ms;
+  admission_control c(admission_policy::tireless, s, {tier("t", 1, 600s)}, {});
+  ASSERT_TRUE(arrive(c, 1, "", "t", 0).admitted);
+  ASSERT_TRUE(arrive(c, 2, "", "t", second / 2).admitted);
+  EXPECT_TRUE(c.expire(second).empty());
+  const auto gone = c.expire(second + 1);
+  ASSERT_EQ(gone.size(), 1u);
+  EXPECT_EQ(gone[0].id, 1u);
+  EXPECT_EQ(c.queued(), 1);
+}
+
+TEST(admission_control, priority_policy_bounds_queues_but_does_not_predict) {
+  tier_settings t = tier("t", 1, 1ms);
+  t.queue_bound = 2;
+  admission_control c(admission_policy::priority, {}, {t}, {});
+  c.observe(busy_engine(1000000));
+  EXPECT_TRUE(arrive(c, 1, "", "t", 0).admitted);
+  EXPECT_TRUE(arrive(c, 2, "", "t", 0).admitted);
+  const admission_decision d = arrive(c, 3, "", "t", 0);
+  EXPECT_FALSE(d.admitted);
+  EXPECT_EQ(d.reason, refusal::overloaded);
+}
+
+}  // namespace
+}  // namespace tireless
