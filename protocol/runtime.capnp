@@ -49,6 +49,16 @@ struct Credits {
   maxStepSeqs @13 :Int32;
   waitingPromptTokens @14 :Int64; # not yet computed, over the engine's waiting requests
   runningContext @15 :Float64;    # positions the running sequences hold, summed
+  # The waiting room: at most maxWaiting requests wait in the engine counting only those of a
+  # request's priority and above, so a higher tier always finds room.
+  maxWaiting @16 :Int32;
+  waitingByPriority @17 :List(PriorityCount);
+  receivedByPriority @18 :List(PriorityCount);  # generate messages received, ever
+}
+
+struct PriorityCount {
+  priority @0 :Int32;
+  count @1 :Int64;
 }
 
 # engine → kv_manager, once per step: what the step needs, in keep order (the entries the
