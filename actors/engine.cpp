@@ -113,6 +113,21 @@ void dispatch(self_ptr self, const std::vector<scheduler_event>& events) {
   }
 }
 
+// This step's token budget: as many prefill tokens as fit beside the decodes within the
+// step time target, by the fitted step model (always room for the decodes and some prefill).
+int32_t token_budget(const engine_state& st) {
+  const int32_t max_tokens = st.o.limits.max_step_tokens;
+  if (st.o.step_time_target_seconds <= 0) return max_tokens;
+  const sequence_counts c = st.core->counts();
+  const auto& k = st.step_model.coefficients();
+  if (k[1] <= 0) return max_tokens;
+  const double decodes = std::min(c.running, st.o.limits.max_step_seqs);
+  const double spare = st.o.step_time_target_seconds - k[0] - k[2] * decodes - k[3] * c.running_context / 1000.0;
+  const double prefill = spare / k[1];
+  const int32_t floor = static_cast<int32_t>(decodes) + 16;  // never starve prefill entirely
+  return std::clamp(static_cast<int32_t>(decodes + std::max(prefill, 0.0)), std::min(floor, max_tokens), max_tokens);
+}
+
 void send_credits(self_ptr self) {
   auto& st = self->state;
   const sequence_counts c = st.core->counts();
@@ -133,7 +148,7 @@ void send_credits(self_ptr self) {
   auto coefficients = b.initStepModel(step_time_model::n);
   for (unsigned i = 0; i < step_time_model::n; ++i) coefficients.set(i, st.step_model.coefficients()[i]);
   b.setStepObservations(st.step_model.observations());
-  b.setMaxStepTokens(st.o.limits.max_step_tokens);
+  b.setMaxStepTokens(token_budget(st));  // what a step takes now, for admission's predictions
   b.setMaxStepSeqs(st.o.limits.max_step_seqs);
   b.setWaitingPromptTokens(c.waiting_prompt_tokens);
   b.setRunningContext(static_cast<double>(c.running_context));
@@ -251,7 +266,7 @@ void kick(self_ptr self) {
   if (!st.core->has_work()) return;
   st.stepping = true;
   st.changed = false;
-  kv_request req = st.core->propose();
+  kv_request req = st.core->propose(token_budget(st));
   self->request(st.kv, caf::infinite, to_wire(req))
       .then(
           [=](const kv_reply_msg& reply_msg) {

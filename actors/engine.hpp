@@ -19,6 +19,9 @@ struct engine_options {
   int32_t step_retries = 3;          // a failed step (shard crash) is re-run this often
   double rate_window_seconds = 2.0;  // moving-average window of the drain rates
   step_cost_prior step_prior;        // the backend's rough step cost, until measured
+  // A step should take at most this long (the tightest tier's time per output token), so
+  // prefill chunks are sized to fit beside the decodes; 0: only max_step_tokens limits them.
+  double step_time_target_seconds = 0;
 };
 
 // Messages:

@@ -38,6 +38,7 @@ pipeline_options make_pipeline_options(const runtime_config& c, const resolved_l
   eo.max_waiting = c.engine.max_step_seqs;
   eo.max_waiting_tokens = 2 * c.engine.max_step_tokens;
   eo.rate_window_seconds = std::chrono::duration<double>(c.admission.pressure_window).count();
+  eo.step_time_target_seconds = std::chrono::duration<double>(c.step_time_target()).count();
   return po;
 }
 

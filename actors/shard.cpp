@@ -49,7 +49,7 @@ caf::behavior step_shard(caf::stateful_actor<shard_state>* self, shard_options o
       [=](const step_request_msg& req) -> caf::result<step_reply_msg> {
         double seconds = 0;
         step_reply_msg reply = run_step(self->state, req, seconds);
-        if (!self->state.o.simulated) return reply;
+        if (!self->state.o.simulated || seconds <= 0) return reply;
         auto rp = self->make_response_promise<step_reply_msg>();
         const uint64_t id = self->state.next_pending++;
         self->state.pending.emplace(id, std::make_pair(rp, reply));

@@ -438,7 +438,7 @@ std::vector<tenant_settings> read_tenants(table_reader& root,
     r.finish();
     tenants.push_back(std::move(tenant));
   }
-  if (tables.empty()) root.diag().warn("tenants", "none configured: no API key will authenticate");
+  if (tables.empty()) root.diag().warn("tenants", "none configured: no API key is checked and every request is the first tier's");
   return tenants;
 }
 

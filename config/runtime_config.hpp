@@ -95,7 +95,7 @@ struct kv_settings {
 struct engine_settings {
   int32_t max_step_tokens = 512;  // tokens per step (prefill chunks + one per decoding sequence)
   int32_t max_step_seqs = 64;     // sequences per step
-  int32_t max_preemptions = 3;    // per request; one more and it fails with an error saying so
+  int32_t max_preemptions = 3;    // per request; after that it is preempted only as a last resort
   // 0 = the tightest tier's tpot (runtime_config::step_time_target()).
   std::chrono::milliseconds step_time_target{0};
 };

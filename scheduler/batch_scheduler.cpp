@@ -29,21 +29,32 @@ void batch_scheduler::acknowledge(seq_id seq, int32_t tokens) {
 }
 
 std::vector<seq_id> batch_scheduler::keep_order() const {
-  std::vector<seq_id> order;
-  order.reserve(seqs_.size());
-  for (const auto& [id, s] : seqs_) order.push_back(id);
-  std::sort(order.begin(), order.end(), [&](seq_id a, seq_id b) {
-    const sequence& x = seqs_.at(a);
-    const sequence& y = seqs_.at(b);
-    if (x.paused() != y.paused()) return !x.paused();
-    if (x.spec.priority != y.spec.priority) return x.spec.priority > y.spec.priority;
+  // Sorted by a key computed once per sequence: unpaused first, higher priority, running
+  // before waiting, older first.
+  struct keyed {
+    bool paused;
+    int32_t priority;
+    bool running;
+    uint64_t arrival;
+    seq_id id;
+  };
+  std::vector<keyed> keys;
+  keys.reserve(seqs_.size());
+  for (const auto& [id, s] : seqs_) keys.push_back({s.paused(), s.spec.priority, s.running, s.spec.arrival, id});
+  std::sort(keys.begin(), keys.end(), [](const keyed& x, const keyed& y) {
+    if (x.paused != y.paused) return !x.paused;
+    if (x.priority != y.priority) return x.priority > y.priority;
     if (x.running != y.running) return x.running;
-    return x.spec.arrival < y.spec.arrival;
+    if (x.arrival != y.arrival) return x.arrival < y.arrival;
+    return x.id < y.id;
   });
+  std::vector<seq_id> order;
+  order.reserve(keys.size());
+  for (const keyed& k : keys) order.push_back(k.id);
   return order;
 }
 
-kv_request batch_scheduler::propose() {
+kv_request batch_scheduler::propose(int32_t token_budget) {
   kv_request r;
   r.releases = std::move(releases_);
   releases_.clear();
@@ -62,7 +73,7 @@ kv_request batch_scheduler::propose() {
     if (!s.paused() && static_cast<int32_t>(s.tokens.size()) > s.computed) placed.push_back(id);
   }
   std::map<seq_id, int32_t> tokens;
-  int32_t budget = limits_.max_step_tokens;
+  int32_t budget = token_budget > 0 ? std::min(token_budget, limits_.max_step_tokens) : limits_.max_step_tokens;
   for (seq_id id : placed) {
     const sequence& s = seqs_.at(id);
     if (s.running && static_cast<int32_t>(s.tokens.size()) - s.computed == 1 && budget > 0) {

@@ -67,7 +67,8 @@ class batch_scheduler {
   // The client acknowledged `tokens` more tokens: the window grows by that many.
   void acknowledge(seq_id seq, int32_t tokens);
 
-  kv_request propose();
+  // token_budget: this step's tokens (0: limits.max_step_tokens); at least one per decode.
+  kv_request propose(int32_t token_budget = 0);
   step_batch finalize(const kv_reply& reply);
   std::vector<scheduler_event> commit(const step_result& result);
 
