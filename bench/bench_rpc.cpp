@@ -90,6 +90,7 @@ class bench_sink final : public rpc::TokenSink::Server {
 
  protected:
   kj::Promise<void> tokens(TokensContext) override { return kj::READY_NOW; }
+  kj::Promise<void> sync(SyncContext) override { return kj::READY_NOW; }
   kj::Promise<void> done(DoneContext context) override {
     const auto o = context.getParams().getOutcome();
     done_->fulfill(arrival{clock_type::now(), kind_of(o), o.getTimings().getTotalMs()});
