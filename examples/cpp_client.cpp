@@ -20,8 +20,8 @@ using namespace tireless;
 // Receives the streamed tokens and, once, the outcome (copied into `outcome`).
 class printing_sink final : public rpc::TokenSink::Server {
  public:
-  printing_sink(capnp::MallocMessageBuilder& outcome, kj::Own<kj::PromiseFulfiller<void>> done)
-      : outcome_(outcome), done_(kj::mv(done)) {}
+  printing_sink(capnp::MallocMessageBuilder& outcome, bool& printed, kj::Own<kj::PromiseFulfiller<void>> done)
+      : outcome_(outcome), printed_(printed), done_(kj::mv(done)) {}
   ~printing_sink() {
     if (done_->isWaiting()) done_->reject(KJ_EXCEPTION(DISCONNECTED, "the server went away before the outcome"));
   }
@@ -32,6 +32,7 @@ class printing_sink final : public rpc::TokenSink::Server {
     const auto text = context.getParams().getChunk().getText();
     std::fwrite(text.begin(), 1, text.size(), stdout);
     std::fflush(stdout);
+    printed_ = printed_ || text.size() > 0;
     return kj::READY_NOW;
   }
 
@@ -45,6 +46,7 @@ class printing_sink final : public rpc::TokenSink::Server {
 
  private:
   capnp::MallocMessageBuilder& outcome_;
+  bool& printed_;
   kj::Own<kj::PromiseFulfiller<void>> done_;
 };
 
@@ -102,12 +104,13 @@ int main(int argc, char** argv) {
     request.setMaxTokens(128);
 
     capnp::MallocMessageBuilder outcome;
+    bool printed = false;
     auto done = kj::newPromiseAndFulfiller<void>();
-    call.setSink(kj::heap<printing_sink>(outcome, kj::mv(done.fulfiller)));
+    call.setSink(kj::heap<printing_sink>(outcome, printed, kj::mv(done.fulfiller)));
     // Keep the Generation until the end: dropping it cancels the request.
     auto generation = call.send().wait(wait_scope).getGeneration();
     done.promise.wait(wait_scope);
-    std::printf("\n");
+    if (printed) std::printf("\n");
     const auto o = outcome.getRoot<proto::Outcome>().asReader();
     print_outcome(o);
     return o.isCompleted() ? 0 : 1;
