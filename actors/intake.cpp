@@ -9,12 +9,13 @@
 namespace tireless {
 
 intake::intake(caf::actor_system& sys, const runtime_config& config, const resolved_limits& limits,
-               std::shared_ptr<const model> lm, caf::actor admission, int64_t door_capacity)
+               std::shared_ptr<const model> lm, caf::actor admission, caf::actor engine, int64_t door_capacity)
     : spawner_(spawn_spawner(sys)),
       config_(config),
       limits_(limits),
       lm_(std::move(lm)),
       admission_(std::move(admission)),
+      engine_(std::move(engine)),
       door_(door_capacity) {
   for (const tenant_settings& t : config_.tenants) {
     for (const std::string& k : t.keys) tenant_by_key_[k] = &t;
@@ -80,6 +81,7 @@ uint64_t intake::submit(request r, runtime::token_callback on_token, runtime::ou
   so.max_prompt_tokens = limits_.max_prompt_tokens;
   so.default_max_tokens = config_.admission.default_max_tokens;
   so.admission = admission_;
+  so.engine = engine_;
   auto options = std::make_shared<session_options>(std::move(so));
   run_on_actor_thread(spawner_, [this, id, options](caf::actor_system& sys) {
     caf::actor s = spawn_session(sys, std::move(*options));
@@ -156,6 +158,7 @@ void intake::detach() {
   live_.clear();
   early_.clear();
   admission_ = caf::actor{};
+  engine_ = caf::actor{};
   spawner_ = caf::actor{};
 }
 

@@ -31,7 +31,7 @@ class intake {
  public:
   // Construct on an actor-system thread (it spawns its spawner); use from any thread.
   intake(caf::actor_system& sys, const runtime_config& config, const resolved_limits& limits,
-         std::shared_ptr<const model> lm, caf::actor admission, int64_t door_capacity);
+         std::shared_ptr<const model> lm, caf::actor admission, caf::actor engine, int64_t door_capacity);
 
   uint64_t submit(request r, runtime::token_callback on_token, runtime::outcome_callback on_outcome);
   bool cancel(uint64_t id);
@@ -56,7 +56,7 @@ class intake {
   const runtime_config& config_;
   resolved_limits limits_;
   std::shared_ptr<const model> lm_;
-  caf::actor admission_;
+  caf::actor admission_, engine_;
   request_door door_;
   std::unordered_map<std::string, const tenant_settings*> tenant_by_key_;
   std::atomic<uint64_t> next_id_{1};

@@ -97,7 +97,7 @@ std::string build_prompt(session_state& st, std::vector<token_id>& ids) {
     }
     return {};
   }
-  if (!st.o.lm) return "this backend has no tokenizer: send prompt_tokens";
+  if (!st.o.lm) return "this backend has no tokenizer: send the prompt as token ids";
   std::string text = r.prompt;
   if (!r.messages.empty()) {
     std::vector<chat_message> chat;
@@ -233,6 +233,14 @@ void on_outcome(self_ptr self, const outcome_msg& msg) {
 caf::behavior session(self_ptr self, session_options o) {
   self->state.o = std::move(o);
   if (!start(self)) return {};
+  // A request must end even if the runtime's own actors stop under it.
+  self->monitor(self->state.o.admission);
+  if (self->state.o.engine) self->monitor(self->state.o.engine);
+  self->set_down_handler([=](caf::down_msg& dm) {
+    finish(self, base_outcome(self, outcome_kind::failed, "error",
+                              "the runtime stopped serving this request (" + caf::to_string(dm.reason) + ")"),
+           false);
+  });
   return {
       [=](const tokens_msg& m) { on_tokens(self, m); },
       [=](const outcome_msg& m) { on_outcome(self, m); },

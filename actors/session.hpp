@@ -55,6 +55,7 @@ struct session_options {
   int32_t max_prompt_tokens = 0;
   int32_t default_max_tokens = 256;
   caf::actor admission;
+  caf::actor engine;  // watched: if it or admission stops, the request fails instead of hanging
 };
 
 // Spawns the session; it starts at once. Messages: (cancel_atom, int32_t why) with why 0 for

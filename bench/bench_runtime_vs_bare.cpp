@@ -174,7 +174,7 @@ run_result run_no_polling(const bench_options& o, int n, const std::shared_ptr<c
   auto be = backend_for(c, m, lim);
   const pipeline_options po = make_pipeline_options(c, lim, std::move(be));
   const pipeline p = spawn_pipeline(sys, po);
-  intake entry(sys, c, lim, m, p.admission, door_capacity(c, po));
+  intake entry(sys, c, lim, m, p.admission, p.engine, door_capacity(c, po));
   run_result out = measure([&] {
     run_result r;
     std::vector<std::shared_ptr<std::promise<outcome>>> done;

@@ -101,14 +101,14 @@ double admission_control::predicted_ttft(const std::string& tier, int32_t prompt
 // clients refused before it and told to come back earlier, would leave it within target.
 int64_t admission_control::retry_hint_ms(const tier_settings& tier, const arrival& a, double target_seconds) {
   // Promises whose time passed are settled: the client is back (its work is queued) or gone.
-  while (!promised_.empty() && promised_.front().first < a.now_ns) promised_.pop_front();
-  double promised = 0;
-  for (const auto& [at, tokens] : promised_) promised += tokens;
-  const double ttft = predicted_ttft(tier.name, a.prompt_tokens, promised);
+  while (!promised_.empty() && promised_.begin()->first < a.now_ns) {
+    promised_tokens_ -= promised_.begin()->second;
+    promised_.erase(promised_.begin());
+  }
+  const double ttft = predicted_ttft(tier.name, a.prompt_tokens, std::max(promised_tokens_, 0.0));
   const int64_t hint = std::max<int64_t>(ms_ceil(ttft - target_seconds), 100);
-  const int64_t at = a.now_ns + hint * 1'000'000;
-  auto pos = std::upper_bound(promised_.begin(), promised_.end(), std::make_pair(at, INT32_MAX));
-  promised_.insert(pos, {at, a.prompt_tokens});
+  promised_.emplace(a.now_ns + hint * 1'000'000, a.prompt_tokens);
+  promised_tokens_ += a.prompt_tokens;
   return hint;
 }
 

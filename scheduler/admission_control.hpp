@@ -134,7 +134,8 @@ class admission_control {
   // Work promised to refused clients: (retry time, prompt tokens). A client told to come back
   // at t finds the work of those told to come back before it still ahead, so hints are
   // staggered and a herd of refused clients does not return at once into the same wall.
-  std::deque<std::pair<int64_t, int32_t>> promised_;
+  std::multimap<int64_t, int32_t> promised_;  // retry time → prompt tokens
+  double promised_tokens_ = 0;                // their sum
   engine_load load_;
 };
 

@@ -241,22 +241,32 @@ kj::Promise<void> inference_service::generate(GenerateContext context) {
   if (auto it = tenant_of_key_.find(params.getRequest().getApiKey()); it != tenant_of_key_.end()) {
     s->tenant = it->second;
   }
-  auto live = live_;
-  auto deliver = [this, s, live](const outcome& o) {
+  // Runs on the loop thread. Holds the state weakly: the callbacks that carry it run and are
+  // destroyed on the runtime's threads, where the state's kj objects must never be destroyed;
+  // live_ (loop thread only) keeps the state until its outcome reached the client.
+  std::weak_ptr<generation_state> weak_state = s;
+  auto deliver = [this, weak_state](const outcome& o) {
+    auto s = weak_state.lock();
+    if (!s) return;
     s->final = o;
     finished(s->tenant, o);
     for (auto& w : s->waiters) w->fulfill();
     s->waiters.clear();
-    pump(s, rt_, tasks_, [s, live] { live->erase(s->id); });
+    const uint64_t id = s->id;
+    pump(s, rt_, tasks_, [this, id] { live_->erase(id); });
   };
   if (auto* error = std::get_if<std::string>(&decoded)) {
     spdlog::debug("refused a malformed request: {}", *error);
+    s->id = next_local_id_--;
+    (*live_)[s->id] = s;
     deliver(invalid(*error));
   } else if (!accepting_) {
     outcome o;
     o.kind = outcome_kind::rejected;
     o.reason = "shutting_down";
     o.message = "the server is shutting down";
+    s->id = next_local_id_--;
+    (*live_)[s->id] = s;
     deliver(o);
   } else {
     auto& d = std::get<decoded_request>(decoded);
@@ -274,8 +284,8 @@ kj::Promise<void> inference_service::generate(GenerateContext context) {
             pump(s, rt_, tasks_, nullptr);
           });
         },
-        [this, s, deliver](const outcome& o) { bridge_.post([o, deliver] { deliver(o); }); });
-    (*live)[s->id] = s;
+        [this, deliver](const outcome& o) { bridge_.post([o, deliver] { deliver(o); }); });
+    (*live_)[s->id] = s;
   }
   context.getResults().setGeneration(kj::heap<generation_impl>(s, rt_));
   return kj::READY_NOW;

@@ -63,6 +63,7 @@ class inference_service final : public rpc::Inference::Server {
   std::map<std::string, std::string> tenant_of_key_;
   std::map<std::string, tenant_counters> counters_;
   std::shared_ptr<std::map<uint64_t, std::shared_ptr<generation_state>>> live_;
+  uint64_t next_local_id_ = UINT64_MAX;  // ids of requests refused here, never given to the runtime
 };
 
 }  // namespace tireless

@@ -20,7 +20,9 @@ bool valid_utf8(std::string_view text) {
 namespace {
 
 std::string text_problem(capnp::Text::Reader t, std::string_view what) {
-  if (!valid_utf8(std::string_view(t.cStr(), t.size()))) return fmt::format("{} is not valid UTF-8", what);
+  const std::string_view v(t.cStr(), t.size());
+  if (!valid_utf8(v)) return fmt::format("{} is not valid UTF-8", what);
+  if (v.find('\0') != std::string_view::npos) return fmt::format("{} contains a NUL byte", what);
   return {};
 }
 
@@ -64,6 +66,8 @@ std::variant<decoded_request, std::string> decode_request(rpc::GenerateRequest::
       if (q.prompt_tokens.empty()) return std::string("tokens is empty");
       break;
     }
+    default:
+      return std::string("input is of a kind this server does not know; send messages, text or tokens");
   }
   const auto s = r.getSampling();
   q.sampling = {s.getTemperature(), s.getTopK(), s.getTopP(), s.getSeed()};
