@@ -19,6 +19,7 @@
 
 #include "model/model.hpp"
 #include "server/inference_service.hpp"
+#include "server/read_buffered_stream.hpp"
 #include "tireless/runtime.hpp"
 
 namespace {
@@ -143,9 +144,10 @@ int main(int argc, char** argv) {
         spdlog::warn("refusing a connection: {} are open (server.max_connections)", open_connections);
       } else {
         ++open_connections;
-        auto& s = *stream;
-        connections.add(server.accept(s).attach(kj::mv(stream)).then([&] { --open_connections; },
-                                                                      [&](kj::Exception&&) { --open_connections; }));
+        auto buffered = kj::heap<read_buffered_stream>(kj::mv(stream));
+        auto& s = *buffered;
+        connections.add(server.accept(s).attach(kj::mv(buffered)).then([&] { --open_connections; },
+                                                                        [&](kj::Exception&&) { --open_connections; }));
       }
       return accept_loop();
     });

@@ -179,11 +179,21 @@ sim_profile h200_k2() {
 
 }  // namespace
 
-std::vector<std::string> profile_names() { return {"cpu-smollm2", "h200-k2"}; }
+// No cost at all: every step takes no time, for measuring what surrounds the model (the
+// runtime's and the RPC layer's own overhead). The geometry of cpu-smollm2.
+sim_profile zero() {
+  sim_profile p = cpu_smollm2();
+  p.name = "zero";
+  p.cost = step_cost{};
+  return p;
+}
+
+std::vector<std::string> profile_names() { return {"cpu-smollm2", "h200-k2", "zero"}; }
 
 sim_profile named_profile(std::string_view name) {
   if (name == "cpu-smollm2") return cpu_smollm2();
   if (name == "h200-k2") return h200_k2();
+  if (name == "zero") return zero();
   throw std::invalid_argument(fmt::format("unknown sim profile '{}'; the known profiles are: {}", name,
                                           fmt::join(profile_names(), ", ")));
 }
