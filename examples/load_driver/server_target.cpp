@@ -15,6 +15,8 @@
 #include <cstdio>
 #include <fstream>
 #include <thread>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "protocol/tireless.capnp.h"
 #include "target.hpp"
@@ -258,13 +260,15 @@ class server_session final : public target_session, public kj::TaskSet::ErrorHan
     messages[system ? 1 : 0].setContent("Write a long, detailed story that uses these words:" + filler_text(own, r.content_seed));
     q.setMaxTokens(r.max_tokens);
     if (r.timeout_ms > 0) q.setTimeoutMs(r.timeout_ms);
-    call.setSink(kj::heap<sink>(std::move(done)));
-    // Dropping the Generation before the outcome would cancel the request. It is kept until the
-    // session ends, not dropped at the outcome: tireless-serve (server/inference_service.cpp at
-    // 6590a56) can then free a generation's state, Cap'n Proto capability included, on a runtime
-    // thread, which kj answers with std::terminate.
-    c.tasks.add(call.send().then([&c](capnp::Response<rpc::Inference::GenerateResults>&& response) {
-      c.generations.push_back(response.getGeneration());
+    const uint64_t id = c.next_id++;
+    call.setSink(kj::heap<sink>([&c, id, done = std::move(done)](const outcome& o) {
+      c.finished.insert(id);
+      c.generations.erase(id);  // as a client does once it has its answer
+      done(o);
+    }));
+    c.tasks.add(call.send().then([&c, id](capnp::Response<rpc::Inference::GenerateResults>&& response) {
+      // Keep the Generation until the outcome: dropping it cancels the request.
+      if (!c.finished.erase(id)) c.generations.emplace(id, response.getGeneration());
     }));
   }
 
@@ -290,7 +294,9 @@ class server_session final : public target_session, public kj::TaskSet::ErrorHan
     kj::Own<kj::AsyncIoStream> stream;
     capnp::TwoPartyClient client;
     rpc::Inference::Client inference;
-    std::vector<rpc::Generation::Client> generations;
+    std::unordered_map<uint64_t, rpc::Generation::Client> generations;
+    std::unordered_set<uint64_t> finished;  // outcomes that came before generate() returned
+    uint64_t next_id = 0;
     kj::TaskSet tasks;
   };
 
