@@ -143,7 +143,7 @@ TEST(defaults, a_file_with_one_tier_gets_every_default) {
   EXPECT_TRUE(c.tiers[0].sheddable);
   EXPECT_TRUE(c.tiers[0].degrade.empty());
   EXPECT_TRUE(c.tenants.empty());
-  EXPECT_THAT(c.warnings, Contains(HasSubstr("no API key will authenticate")));
+  EXPECT_THAT(c.warnings, Contains(HasSubstr("no API key is checked")));
   EXPECT_EQ(c.metrics.prefix, "tireless");
   EXPECT_EQ(c.step_time_target(), 100ms);  // the only tier's tpot
 }
