@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <optional>
+#include <thread>
 
 namespace tireless {
 
@@ -211,7 +212,8 @@ inference_service::inference_service(runtime& rt, kj_bridge& bridge, const runti
       info_(std::move(info)),
       limits_(std::move(limits)),
       tasks_(task_errors),
-      live_(std::make_shared<std::map<uint64_t, std::shared_ptr<generation_state>>>()) {
+      live_(std::make_shared<std::map<uint64_t, std::shared_ptr<generation_state>>>()),
+      loop_thread_(std::this_thread::get_id()) {
   for (const tenant_settings& t : config.tenants) {
     for (const std::string& k : t.keys) tenant_of_key_[k] = t.name;
   }
@@ -272,6 +274,7 @@ kj::Promise<void> inference_service::generate(GenerateContext context) {
     auto& d = std::get<decoded_request>(decoded);
     std::weak_ptr<generation_state> weak = s;
     // Both callbacks run on runtime threads: they only post to the loop.
+    in_submit_ = true;
     s->id = rt_.submit(
         std::move(d.req),
         [this, weak](const token_event& e) {
@@ -284,8 +287,22 @@ kj::Promise<void> inference_service::generate(GenerateContext context) {
             pump(s, rt_, tasks_, nullptr);
           });
         },
-        [this, deliver](const outcome& o) { bridge_.post([o, deliver] { deliver(o); }); });
+        [this, deliver](const outcome& o) {
+          // Refused inside submit() (a bad key, a full door) we are on the loop's thread:
+          // keep it for below instead of a round trip through the bridge.
+          if (std::this_thread::get_id() == loop_thread_ && in_submit_) {
+            refused_now_ = o;
+            return;
+          }
+          bridge_.post([o, deliver] { deliver(o); });
+        });
     (*live_)[s->id] = s;
+    in_submit_ = false;
+    if (refused_now_) {
+      outcome o = std::move(*refused_now_);
+      refused_now_.reset();
+      deliver(o);
+    }
   }
   context.getResults().setGeneration(kj::heap<generation_impl>(s, rt_));
   return kj::READY_NOW;

@@ -7,7 +7,9 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <thread>
 
 #include "config/runtime_config.hpp"
 #include "protocol/tireless.capnp.h"
@@ -64,6 +66,9 @@ class inference_service final : public rpc::Inference::Server {
   std::map<std::string, tenant_counters> counters_;
   std::shared_ptr<std::map<uint64_t, std::shared_ptr<generation_state>>> live_;
   uint64_t next_local_id_ = UINT64_MAX;  // ids of requests refused here, never given to the runtime
+  std::thread::id loop_thread_;           // the kj loop's (the service is made on it)
+  bool in_submit_ = false;
+  std::optional<outcome> refused_now_;
 };
 
 }  // namespace tireless
