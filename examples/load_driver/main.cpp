@@ -167,10 +167,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tireless-load: %s\n", e.what());
     return 1;
   }
-  print(fmt::format("capacity: {:.4g} requests/s{}\n  {}\n\n", cap.rps,
+  print(fmt::format("capacity: {:.4g} requests/s{}\n  {}\n{}\n", cap.rps,
                     cap.given ? "" : fmt::format(" ({:.0f} completion + {:.0f} prompt tokens/s; {} other outcomes in the window)",
                                                  cap.completion_tps, cap.prompt_tps, cap.other_outcomes),
-                    cap.method));
+                    cap.method,
+                    cap.other_outcomes > 0 ? "  warning: requests ended otherwise than completed while measuring (deadlines? "
+                                             "a smaller capacity.concurrency waits less)\n"
+                                           : ""));
 
   std::vector<run_result> runs;
   std::vector<run_metrics> metrics;

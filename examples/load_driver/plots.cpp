@@ -49,18 +49,34 @@ void write_ttft(const fs::path& file, const run_result& run, const scenario& s) 
 }
 
 // Columns: t, queued, running, waiting in the engine, then per tier queued (NaN when the target
-// does not report it) and in system (the driver's count).
+// does not report it) and in system (the driver's count). Means over groups of consecutive
+// samples, at most ~800 rows (the JSON keeps every sample).
 void write_load(const fs::path& file, const run_result& run, const scenario& s) {
   std::ofstream out(file);
-  out << "# t_s, queued, running, waiting, per tier: queued_by_tier, in_system\n";
-  for (const load_sample& x : run.samples) {
-    out << value(x.t) << ' ' << (x.queued < 0 ? "NaN" : std::to_string(x.queued)) << ' '
-        << (x.running < 0 ? "NaN" : std::to_string(x.running)) << ' '
-        << (x.waiting < 0 ? "NaN" : std::to_string(x.waiting));
+  out << "# t_s, queued, running, waiting, per tier: queued_by_tier, in_system (means over " ;
+  const size_t n = run.samples.size(), k = std::max<size_t>(1, (n + 799) / 800);
+  out << k << " samples)\n";
+  auto mean = [&](size_t from, size_t to, auto field) {
+    double sum = 0;
+    size_t count = 0;
+    for (size_t i = from; i < to; ++i) {
+      const double v = field(run.samples[i]);
+      if (v >= 0) {
+        sum += v;
+        ++count;
+      }
+    }
+    return count ? sum / static_cast<double>(count) : std::nan("");
+  };
+  for (size_t from = 0; from < n; from += k) {
+    const size_t to = std::min(n, from + k);
+    out << value(run.samples[from].t) << ' ' << value(mean(from, to, [](const load_sample& x) { return x.queued; })) << ' '
+        << value(mean(from, to, [](const load_sample& x) { return x.running; })) << ' '
+        << value(mean(from, to, [](const load_sample& x) { return x.waiting; }));
     for (int32_t i = 0; i < s.tier_count(); ++i) {
-      const auto k = static_cast<size_t>(i);
-      out << ' ' << (x.queued_by_tier.empty() ? std::string("NaN") : std::to_string(x.queued_by_tier[k])) << ' '
-          << x.in_system[k];
+      const auto t = static_cast<size_t>(i);
+      out << ' ' << value(mean(from, to, [t](const load_sample& x) { return x.queued_by_tier.empty() ? -1 : x.queued_by_tier[t]; }))
+          << ' ' << value(mean(from, to, [t](const load_sample& x) { return x.in_system[t]; }));
     }
     out << '\n';
   }

@@ -78,7 +78,7 @@ struct scenario {
   // [capacity]
   double capacity_rps = 0;         // > 0: given, no measurement
   double calibration_s = 60, calibration_warmup_s = 10;
-  int32_t concurrency = 0;         // closed-loop requests in flight; 0: 2 × engine.max_step_seqs
+  int32_t concurrency = 0;         // closed-loop requests in flight; 0: engine.max_step_seqs
 
   // [arrivals]
   arrival_kind arrivals = arrival_kind::poisson;

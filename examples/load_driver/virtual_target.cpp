@@ -1,6 +1,8 @@
 // The virtual target: a fresh virtual_runtime per run, on the sim backend's virtual clock.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "actors/virtual_runtime.hpp"
 #include "target.hpp"
 
@@ -10,7 +12,7 @@ namespace {
 
 class virtual_session final : public target_session {
  public:
-  explicit virtual_session(const runtime_config& c) : rt_(c) {}
+  explicit virtual_session(const runtime_config& c) : rt_(c), default_timeout_(c.session.request_timeout) {}
 
   double now() override { return rt_.now(); }
   void advance_to(double t) override {
@@ -22,7 +24,8 @@ class virtual_session final : public target_session {
     if (r.tenant_key) q.api_key = *r.tenant_key;
     q.prompt_tokens = prompt_token_ids(r);
     q.max_tokens = r.max_tokens;
-    q.timeout = std::chrono::milliseconds(r.timeout_ms);
+    // As tireless-serve does for its clients: the configured deadline, or less when asked.
+    q.timeout = r.timeout_ms > 0 ? std::min(std::chrono::milliseconds(r.timeout_ms), default_timeout_) : default_timeout_;
     rt_.submit(std::move(q), nullptr, std::move(done));
   }
 
@@ -33,6 +36,7 @@ class virtual_session final : public target_session {
 
  private:
   virtual_runtime rt_;
+  std::chrono::milliseconds default_timeout_;
 };
 
 class virtual_target final : public target {
