@@ -104,18 +104,18 @@ std::string run_script(const fs::path& dir, const run_result& run, const scenari
   const std::string d = (dir / "data" / run.label).string();
   const bool by_tier = std::any_of(run.samples.begin(), run.samples.end(), [](const load_sample& x) { return !x.queued_by_tier.empty(); });
   std::string g = fmt::format(
-      "set terminal pngcairo size 1000,1100 font ',10'\nset output '{}'\nset multiplot layout 3,1 title '{}: {} at {:g}x "
+      "set terminal png size 1000,1100 font 'DejaVuSans,9'\nset output '{}'\nset multiplot layout 3,1 title '{}: {} at {:g}x "
       "capacity ({:.3g} requests/s)'\nset grid\nset key outside right\nset xlabel 'time (s)'\nset xrange [0:{}]\n",
       png, s.name, to_string(run.policy), run.multiple, run.rate_rps, std::max(run.end_s, run.measure_to_s));
-  g += "set title 'time to first token by arrival time (solid p99, dashed p50; dotted: target)'\nset ylabel 'ms'\nset logscale y\n"
+  g += "set title 'time to first token by arrival time (thick: p99, thin: p50, +: the tier target)'\nset ylabel 'ms'\nset logscale y\n"
        "plot ";
   for (int32_t i = 0; i < s.tier_count(); ++i) {
-    g += fmt::format("{}'{}.ttft.dat' using 1:{} with lines lw 2 lc rgb '{}' title '{} p99', '' using 1:{} with lines dt 2 lc rgb '{}' "
-                     "notitle, {} with lines dt 3 lc rgb '{}' notitle",
+    g += fmt::format("{}'{}.ttft.dat' using 1:{} with lines lw 2 lc rgb '{}' title '{} p99', '' using 1:{} with lines lw 1 lc rgb '{}' "
+                     "notitle, {} with points pt 1 ps 0.6 lc rgb '{}' notitle",
                      i ? ", " : "", d, 3 + 2 * i, color(i), s.tier(i).name, 2 + 2 * i, color(i), s.tier(i).ttft.count(), color(i));
   }
   g += "\nunset logscale y\n";
-  g += by_tier ? "set title 'requests per tier: waiting in admission (solid), in the system, i.e. submitted without an outcome yet (dashed)'\n"
+  g += by_tier ? "set title 'requests per tier: waiting in admission (thick), in the system, i.e. submitted without an outcome yet (thin)'\n"
                : "set title 'requests per tier in the system: submitted, no outcome yet (the target reports no per-tier queue)'\n";
   g += "set ylabel 'requests'\nplot ";
   for (int32_t i = 0; i < s.tier_count(); ++i) {
@@ -124,7 +124,7 @@ std::string run_script(const fs::path& dir, const run_result& run, const scenari
                        s.tier(i).name);
     }
     g += fmt::format("'{}.load.dat' using 1:{} with lines {} lc rgb '{}' title '{} in system', ", d, 6 + 2 * i,
-                     by_tier ? "dt 2" : "lw 2", color(i), s.tier(i).name);
+                     by_tier ? "lw 1" : "lw 2", color(i), s.tier(i).name);
   }
   g += fmt::format("'{}.load.dat' using 1:3 with lines lc rgb 'black' title 'running (all tiers)'", d);
   g += "\nset title 'rejections per second, per tier (by the time of the outcome)'\nset ylabel 'rejections/s'\nplot ";
@@ -161,24 +161,24 @@ std::string compare_script(const fs::path& dir, const scenario& s, const std::ve
   const std::string d = (dir / "data" / "compare.dat").string();
   const int32_t panels = s.tier_count() + 1, rows = (panels + 1) / 2;
   std::string g = fmt::format(
-      "set terminal pngcairo size 1100,{} font ',10'\nset output '{}'\nset multiplot layout {},2 title '{}: policies "
-      "compared (offered load as a multiple of the measured capacity)'\nset grid\nset key bottom left\nset xlabel 'load "
+      "set terminal png size 1100,{} font 'DejaVuSans,9'\nset output '{}'\nset multiplot layout {},2 title '{}: policies "
+      "compared (offered load as a multiple of the measured capacity)'\nset grid\nset key below horizontal\nset xlabel 'load "
       "(x capacity)'\nset xtics 1\n",
       420 * rows, png, rows, s.name);
-  const char* dashes[] = {"1", "2", "4", "5"};
+  const char* points[] = {"5", "7", "9", "11"};
   for (int32_t i = 0; i < s.tier_count(); ++i) {
     g += fmt::format("set title 'SLO attainment, tier {} (TTFT <= {} ms, TPOT <= {} ms)'\nset ylabel '% of offered'\nset yrange [0:105]\nplot ",
                      s.tier(i).name, s.tier(i).ttft.count(), s.tier(i).tpot.count());
     for (size_t p = 0; p < policies.size(); ++p) {
-      g += fmt::format("{}'{}' index {} using 1:{} with linespoints lw 2 dt {} lc rgb '{}' title '{}'", p ? ", " : "", d, p,
-                       2 + i, dashes[p % 4], color(static_cast<int32_t>(p)), to_string(policies[p]));
+      g += fmt::format("{}'{}' index {} using 1:{} with linespoints lw 2 pt {} lc rgb '{}' title '{}'", p ? ", " : "", d, p,
+                       2 + i, points[p % 4], color(static_cast<int32_t>(p)), to_string(policies[p]));
     }
     g += "\n";
   }
   g += "set title 'goodput: completion tokens/s of requests that met their SLO'\nset ylabel 'tokens/s'\nset yrange [0:*]\nplot ";
   for (size_t p = 0; p < policies.size(); ++p) {
-    g += fmt::format("{}'{}' index {} using 1:{} with linespoints lw 2 dt {} lc rgb '{}' title '{}'", p ? ", " : "", d, p,
-                     3 + s.tier_count(), dashes[p % 4], color(static_cast<int32_t>(p)), to_string(policies[p]));
+    g += fmt::format("{}'{}' index {} using 1:{} with linespoints lw 2 pt {} lc rgb '{}' title '{}'", p ? ", " : "", d, p,
+                     3 + s.tier_count(), points[p % 4], color(static_cast<int32_t>(p)), to_string(policies[p]));
   }
   return g + "\nunset multiplot\n";
 }
