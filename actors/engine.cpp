@@ -113,19 +113,32 @@ void dispatch(self_ptr self, const std::vector<scheduler_event>& events) {
   }
 }
 
-// This step's token budget: as many prefill tokens as fit beside the decodes within the
-// step time target, by the fitted step model (always room for the decodes and some prefill).
+// This step's time budget: the tightest tier's time per output token, with the fitted
+// step model to price each decode and prefill token.
+step_time_budget step_budget(const engine_state& st) {
+  step_time_budget b;
+  const auto& k = st.step_model.coefficients();
+  if (st.o.step_time_target_seconds <= 0 || k[1] <= 0) return b;
+  b.seconds = st.o.step_time_target_seconds;
+  b.c0 = std::max(k[0], 0.0);
+  b.per_prefill_token = k[1];
+  b.per_decode = std::max(k[2], 0.0);
+  b.per_context_position = std::max(k[3], 0.0) / 1000.0;
+  return b;
+}
+
+// Prompt tokens a step takes beside the running decodes, as the budget allows (for
+// admission's predictions).
 int32_t token_budget(const engine_state& st) {
   const int32_t max_tokens = st.o.limits.max_step_tokens;
-  if (st.o.step_time_target_seconds <= 0) return max_tokens;
+  const step_time_budget b = step_budget(st);
+  if (b.seconds <= 0) return max_tokens;
   const sequence_counts c = st.core->counts();
-  const auto& k = st.step_model.coefficients();
-  if (k[1] <= 0) return max_tokens;
   const double decodes = std::min(c.running, st.o.limits.max_step_seqs);
-  const double spare = st.o.step_time_target_seconds - k[0] - k[2] * decodes - k[3] * c.running_context / 1000.0;
-  const double prefill = spare / k[1];
-  const int32_t floor = static_cast<int32_t>(decodes) + 16;  // never starve prefill entirely
-  return std::clamp(static_cast<int32_t>(decodes + std::max(prefill, 0.0)), std::min(floor, max_tokens), max_tokens);
+  const double spare = b.seconds - b.c0 - b.per_decode * decodes - b.per_context_position * c.running_context;
+  const int32_t floor = static_cast<int32_t>(decodes) + 16;
+  return std::clamp(static_cast<int32_t>(decodes + std::max(spare / b.per_prefill_token, 0.0)),
+                    std::min(floor, max_tokens), max_tokens);
 }
 
 void send_credits(self_ptr self) {
@@ -266,7 +279,7 @@ void kick(self_ptr self) {
   if (!st.core->has_work()) return;
   st.stepping = true;
   st.changed = false;
-  kv_request req = st.core->propose(token_budget(st));
+  kv_request req = st.core->propose(step_budget(st));
   self->request(st.kv, caf::infinite, to_wire(req))
       .then(
           [=](const kv_reply_msg& reply_msg) {

@@ -54,7 +54,7 @@ std::vector<seq_id> batch_scheduler::keep_order() const {
   return order;
 }
 
-kv_request batch_scheduler::propose(int32_t token_budget) {
+kv_request batch_scheduler::propose(const step_time_budget& time) {
   kv_request r;
   r.releases = std::move(releases_);
   releases_.clear();
@@ -63,9 +63,7 @@ kv_request batch_scheduler::propose(int32_t token_budget) {
   plan_.clear();
   const std::vector<seq_id> order = keep_order();
   // Places in the step go in keep order (higher tiers first, so a full batch of low-tier
-  // decodes cannot keep a premium request out: vLLM issue 40004). Among the placed, the token
-  // budget goes first to one token for every decode, then to prefill chunks in keep order, so
-  // decodes never starve behind a prefill the KV pool may refuse.
+  // decodes cannot keep a premium request out: vLLM issue 40004).
   std::vector<seq_id> placed;
   for (seq_id id : order) {
     const sequence& s = seqs_.at(id);
@@ -73,20 +71,55 @@ kv_request batch_scheduler::propose(int32_t token_budget) {
     if (!s.paused() && static_cast<int32_t>(s.tokens.size()) > s.computed) placed.push_back(id);
   }
   std::map<seq_id, int32_t> tokens;
-  int32_t budget = token_budget > 0 ? std::min(token_budget, limits_.max_step_tokens) : limits_.max_step_tokens;
-  for (seq_id id : placed) {
-    const sequence& s = seqs_.at(id);
-    if (s.running && static_cast<int32_t>(s.tokens.size()) - s.computed == 1 && budget > 0) {
-      tokens[id] = 1;
-      --budget;
+  int32_t budget = limits_.max_step_tokens;
+  if (time.seconds <= 0) {
+    // Only tokens limit the step: one token for every decode first, then prefill chunks in
+    // keep order, so decodes never starve behind a prefill the KV pool may refuse.
+    for (seq_id id : placed) {
+      const sequence& s = seqs_.at(id);
+      if (s.running && static_cast<int32_t>(s.tokens.size()) - s.computed == 1 && budget > 0) {
+        tokens[id] = 1;
+        --budget;
+      }
     }
-  }
-  for (seq_id id : placed) {
-    if (tokens.count(id) || budget <= 0) continue;
-    const sequence& s = seqs_.at(id);
-    const int32_t n = std::min(static_cast<int32_t>(s.tokens.size()) - s.computed, budget);
-    tokens[id] = n;
-    budget -= n;
+    for (seq_id id : placed) {
+      if (tokens.count(id) || budget <= 0) continue;
+      const sequence& s = seqs_.at(id);
+      const int32_t n = std::min(static_cast<int32_t>(s.tokens.size()) - s.computed, budget);
+      tokens[id] = n;
+      budget -= n;
+    }
+  } else {
+    // The step time is the budget (the tightest tier's time per output token): work goes in
+    // keep order, each tier's decodes before its prefill, so a premium prompt is prefilled
+    // before a free request's next token; what does not fit waits for the next step. The
+    // first decode of the order always runs, so the step makes progress.
+    double left = time.seconds - time.c0;
+    auto tier_end = placed.begin();
+    for (auto it = placed.begin(); it != placed.end(); it = tier_end) {
+      const int32_t priority = seqs_.at(*it).spec.priority;
+      tier_end = std::find_if(it, placed.end(), [&](seq_id id) { return seqs_.at(id).spec.priority != priority; });
+      for (auto d = it; d != tier_end; ++d) {
+        const sequence& s = seqs_.at(*d);
+        if (!s.running || static_cast<int32_t>(s.tokens.size()) - s.computed != 1 || budget <= 0) continue;
+        const double cost = time.per_decode + time.per_context_position * s.computed;
+        if (cost > left && !tokens.empty()) continue;
+        tokens[*d] = 1;
+        --budget;
+        left -= cost;
+      }
+      for (auto p = it; p != tier_end; ++p) {
+        if (tokens.count(*p) || budget <= 0) continue;
+        const sequence& s = seqs_.at(*p);
+        const int32_t fit = time.per_prefill_token > 0 ? static_cast<int32_t>(left / time.per_prefill_token) : budget;
+        const int32_t n = std::min({static_cast<int32_t>(s.tokens.size()) - s.computed, budget,
+                                    tokens.empty() ? std::max(fit, 1) : fit});
+        if (n <= 0) continue;
+        tokens[*p] = n;
+        budget -= n;
+        left -= n * time.per_prefill_token;
+      }
+    }
   }
   for (seq_id id : order) {
     const sequence& s = seqs_.at(id);

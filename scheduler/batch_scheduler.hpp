@@ -27,6 +27,12 @@ struct scheduler_limits {
   int32_t block_size = 16;       // of the KV pool: full blocks are offered to the prefix cache
 };
 
+// A step's time budget, by a model of step cost; seconds = 0: only max_step_tokens limits it.
+struct step_time_budget {
+  double seconds = 0;
+  double c0 = 0, per_prefill_token = 0, per_decode = 0, per_context_position = 0;
+};
+
 struct sequence_spec {
   seq_id id = 0;
   int32_t priority = 0;          // higher is more important
@@ -67,8 +73,9 @@ class batch_scheduler {
   // The client acknowledged `tokens` more tokens: the window grows by that many.
   void acknowledge(seq_id seq, int32_t tokens);
 
-  // token_budget: this step's tokens (0: limits.max_step_tokens); at least one per decode.
-  kv_request propose(int32_t token_budget = 0);
+  // Work is packed in keep order (a higher tier's decodes and prefill before a lower tier's)
+  // until the step would exceed the budget.
+  kv_request propose(const step_time_budget& budget = step_time_budget{});
   step_batch finalize(const kv_reply& reply);
   std::vector<scheduler_event> commit(const step_result& result);
 
