@@ -192,6 +192,10 @@ int main(int argc, char** argv) {
       const run_metrics& rm = metrics.back();
       bar.finish(fmt::format("{}: {} requests, {} lost, SLO {:.1f}%, goodput {:.1f} tokens/s ({:.1f} s)", name, rm.requests,
                              rm.lost, 100 * rm.total.slo_attainment, rm.total.goodput_tps, runs.back().wall_s));
+      if (!runs.back().target_broken.empty()) {
+        print(fmt::format("warning: the target went away {:.1f} s into the run: {}\n", runs.back().end_s,
+                          runs.back().target_broken));
+      }
       print(run_table(runs.back(), rm, s) + "\n");
     }
   }

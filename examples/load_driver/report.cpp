@@ -359,7 +359,8 @@ nlohmann::json to_json(const scenario& s, const std::string& target, const capac
                           {"offered_requests_per_s", r.rate_rps}, {"measure_from_s", r.measure_from_s},
                           {"measure_to_s", r.measure_to_s}, {"end_s", r.end_s}, {"wall_s", r.wall_s},
                           {"requests", metrics[i].requests}, {"lost", metrics[i].lost},
-                          {"silently_shortened", metrics[i].silently_shortened}, {"tiers", per_tier},
+                          {"silently_shortened", metrics[i].silently_shortened},
+                          {"target_broken", r.target_broken}, {"tiers", per_tier},
                           {"total", metrics_json(metrics[i].total)}, {"samples", samples_json(r, s)}};
     if (with_requests) run["request_samples"] = requests_json(r, s);
     out_runs.push_back(std::move(run));

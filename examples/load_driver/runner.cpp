@@ -88,7 +88,7 @@ capacity_result measure_capacity(target& t, const scenario& s, const progress_fn
   request_source source(s, s.seed ^ 0xca11b4a7e5ull);
   const double end = c.warmup_s + c.window_s;
   const double step = t.virtual_time() ? 0.01 : 0.02;
-  for (double now = 0; now < end && !session->broken(); now = session->now()) {
+  for (double now = 0; now < end && session->broken().empty(); now = session->now()) {
     while (st->outstanding < c.concurrency) {
       request_record r;
       r.plan = source.next();
@@ -109,6 +109,7 @@ capacity_result measure_capacity(target& t, const scenario& s, const progress_fn
       ++c.other_outcomes;
     }
   }
+  if (const std::string why = session->broken(); !why.empty()) throw std::runtime_error("the target went away while measuring: " + why);
   st->closed = true;
   session.reset();
   c.rps = c.completed / c.window_s;
@@ -152,18 +153,20 @@ run_result run_open_loop(target& t, const scenario& s, admission_policy policy, 
       next_sample += s.sample_every_s;
     }
   };
-  for (size_t i = 0; i < plan.size() && !session->broken(); ++i) {
+  for (size_t i = 0; i < plan.size() && session->broken().empty(); ++i) {
     sample_until(plan[i].arrival_s);
     session->advance_to(plan[i].arrival_s);
     submit(*session, st, i);
     if (i % 64 == 0) report("load");
   }
   // The rest of the horizon, then the bounded wait for the outcomes still due.
-  while (!session->broken() && (session->now() < horizon || (st->outstanding > 0 && session->now() < drain_until))) {
+  while (session->broken().empty() &&
+         (session->now() < horizon || (st->outstanding > 0 && session->now() < drain_until))) {
     sample_until(session->now() + s.sample_every_s);
     report(session->now() < horizon ? "load" : "drain");
   }
   out.end_s = session->now();
+  out.target_broken = session->broken();
   st->closed = true;
   session.reset();
   out.records = std::move(st->records);

@@ -42,6 +42,7 @@ struct run_result {
   std::vector<load_sample> samples;
   double end_s = 0;   // the target's clock when the run ended
   double wall_s = 0;  // how long it took here
+  std::string target_broken;  // why the target went away before the run ended; "" if it did not
 };
 
 struct capacity_result {

@@ -123,7 +123,7 @@ class server_process {
       dup2(out[1], 1);
       const int err = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       if (err >= 0) dup2(err, 2);
-      execl(serve.c_str(), serve.c_str(), "--config", config.c_str(), "--port", "0", "--log-level", "warn",
+      execl(serve.c_str(), serve.c_str(), "--config", config.c_str(), "--port", "0", "--log-level", "info",
             static_cast<char*>(nullptr));
       _exit(127);
     }
@@ -137,9 +137,14 @@ class server_process {
   bool exited() {
     if (pid_ <= 0) return true;
     int status = 0;
-    if (waitpid(pid_, &status, WNOHANG) == pid_) pid_ = -1;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      exit_ = WIFSIGNALED(status) ? fmt::format("tireless-serve was killed by signal {}", WTERMSIG(status))
+                                  : fmt::format("tireless-serve exited with status {}", WEXITSTATUS(status));
+    }
     return pid_ <= 0;
   }
+  const std::string& exit_description() const { return exit_; }
   // SIGTERM, then SIGKILL if it has not exited after `grace` (the driver has disconnected
   // first, so nothing is left running).
   void stop(std::chrono::seconds grace = std::chrono::seconds(15)) {
@@ -182,6 +187,7 @@ class server_process {
 
   pid_t pid_ = -1;
   int stdout_ = -1;
+  std::string exit_;
   std::string address_;
 };
 
@@ -221,8 +227,9 @@ std::filesystem::path write_config_copy(const scenario& s, admission_policy poli
 
 class server_session final : public target_session, public kj::TaskSet::ErrorHandler {
  public:
-  server_session(kj::AsyncIoContext& io, std::unique_ptr<server_process> server, const std::string& address)
-      : io_(io), server_(std::move(server)), start_(clock_type::now()) {
+  server_session(kj::AsyncIoContext& io, std::unique_ptr<server_process> server, const std::string& address,
+                 std::filesystem::path log = {})
+      : io_(io), server_(std::move(server)), start_(clock_type::now()), log_(std::move(log)) {
     const auto [host, port] = split_host_port(address);
     conn_ = std::make_unique<connection>(io, host, port, *this);
   }
@@ -276,13 +283,16 @@ class server_session final : public target_session, public kj::TaskSet::ErrorHan
     try {
       auto h = conn_->inference.healthRequest().send().wait(io_.waitScope).getHealth();
       return target_probe{h.getQueued(), h.getRunning(), -1, {}};
-    } catch (const kj::Exception&) {
-      broken_ = true;
+    } catch (const kj::Exception& e) {
+      broken_ = fmt::format("health(): {}", e.getDescription().cStr());
       return std::nullopt;
     }
   }
 
-  bool broken() override { return broken_ || (server_ && server_->exited()); }
+  std::string broken() override {
+    if (server_ && server_->exited()) return server_->exit_description() + fmt::format(" (log: {})", log_.string());
+    return broken_;
+  }
 
  private:
   struct connection {
@@ -301,14 +311,17 @@ class server_session final : public target_session, public kj::TaskSet::ErrorHan
   };
 
   void taskFailed(kj::Exception&& e) override {  // an RPC failed: only a disconnect matters
-    if (e.getType() == kj::Exception::Type::DISCONNECTED) broken_ = true;
+    if (e.getType() == kj::Exception::Type::DISCONNECTED && broken_.empty()) {
+      broken_ = fmt::format("disconnected: {}", e.getDescription().cStr());
+    }
   }
 
   kj::AsyncIoContext& io_;
   std::unique_ptr<server_process> server_;
   clock_type::time_point start_;
   std::unique_ptr<connection> conn_;
-  bool broken_ = false;
+  std::string broken_;
+  std::filesystem::path log_;
 };
 
 class server_target final : public target {
@@ -323,9 +336,10 @@ class server_target final : public target {
   std::unique_ptr<target_session> open(admission_policy policy, bool lift_quotas, const std::string& label) override {
     if (!s_.address.empty()) return std::make_unique<server_session>(*io_, nullptr, s_.address);
     const auto config = write_config_copy(s_, policy, lift_quotas, out_dir_ / "server" / (label + ".toml"));
-    auto server = std::make_unique<server_process>(serve_, config, out_dir_ / "server" / (label + ".log"));
+    const auto log = out_dir_ / "server" / (label + ".log");
+    auto server = std::make_unique<server_process>(serve_, config, log);
     const std::string address = server->address();
-    return std::make_unique<server_session>(*io_, std::move(server), address);
+    return std::make_unique<server_session>(*io_, std::move(server), address, log);
   }
   bool virtual_time() const override { return false; }
   bool switches_policy() const override { return s_.address.empty(); }

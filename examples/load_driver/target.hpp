@@ -34,7 +34,8 @@ class target_session {
   // `done` runs at most once, inside advance_to, with the request's outcome.
   virtual void submit(const planned_request& r, outcome_fn done) = 0;
   virtual std::optional<target_probe> probe() = 0;
-  virtual bool broken() { return false; }  // the target went away: no more outcomes will come
+  // Why the target went away ("" while it is there): no more outcomes will come.
+  virtual std::string broken() { return {}; }
 };
 
 class target {
