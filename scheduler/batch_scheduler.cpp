@@ -28,7 +28,7 @@ void batch_scheduler::acknowledge(seq_id seq, int32_t tokens) {
   if (auto it = seqs_.find(seq); it != seqs_.end()) it->second.window += tokens;
 }
 
-std::vector<seq_id> batch_scheduler::keep_order() const {
+std::vector<const batch_scheduler::sequence*> batch_scheduler::keep_order() const {
   // Sorted by a key computed once per sequence: unpaused first, higher priority, running
   // before waiting, older first.
   struct keyed {
@@ -37,10 +37,11 @@ std::vector<seq_id> batch_scheduler::keep_order() const {
     bool running;
     uint64_t arrival;
     seq_id id;
+    const sequence* s;
   };
   std::vector<keyed> keys;
   keys.reserve(seqs_.size());
-  for (const auto& [id, s] : seqs_) keys.push_back({s.paused(), s.spec.priority, s.running, s.spec.arrival, id});
+  for (const auto& [id, s] : seqs_) keys.push_back({s.paused(), s.spec.priority, s.running, s.spec.arrival, id, &s});
   std::sort(keys.begin(), keys.end(), [](const keyed& x, const keyed& y) {
     if (x.paused != y.paused) return !x.paused;
     if (x.priority != y.priority) return x.priority > y.priority;
@@ -48,9 +49,9 @@ std::vector<seq_id> batch_scheduler::keep_order() const {
     if (x.arrival != y.arrival) return x.arrival < y.arrival;
     return x.id < y.id;
   });
-  std::vector<seq_id> order;
+  std::vector<const sequence*> order;
   order.reserve(keys.size());
-  for (const keyed& k : keys) order.push_back(k.id);
+  for (const keyed& k : keys) order.push_back(k.s);
   return order;
 }
 
@@ -61,32 +62,41 @@ kv_request batch_scheduler::propose(const step_time_budget& time) {
   r.commits = std::move(commits_);
   commits_.clear();
   plan_.clear();
-  const std::vector<seq_id> order = keep_order();
+  const std::vector<const sequence*> order = keep_order();
   // Places in the step go in keep order (higher tiers first, so a full batch of low-tier
-  // decodes cannot keep a premium request out: vLLM issue 40004).
-  std::vector<seq_id> placed;
-  for (seq_id id : order) {
-    const sequence& s = seqs_.at(id);
+  // decodes cannot keep a premium request out: vLLM issue 40004). `placed` holds indexes
+  // into `order`; tokens[i] is what order[i] computes this step (0: not stepped).
+  std::vector<size_t> placed;
+  placed.reserve(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    const sequence& s = *order[i];
     if (static_cast<int32_t>(placed.size()) >= limits_.max_step_seqs) break;
-    if (!s.paused() && static_cast<int32_t>(s.tokens.size()) > s.computed) placed.push_back(id);
+    if (!s.paused() && static_cast<int32_t>(s.tokens.size()) > s.computed) placed.push_back(i);
   }
-  std::map<seq_id, int32_t> tokens;
+  std::vector<int32_t> tokens(order.size(), 0);
+  int32_t stepped = 0;
+  auto take = [&](size_t i, int32_t n) {
+    tokens[i] = n;
+    ++stepped;
+  };
+  auto is_decode = [](const sequence& s) {
+    return s.running && static_cast<int32_t>(s.tokens.size()) - s.computed == 1;
+  };
   int32_t budget = limits_.max_step_tokens;
   if (time.seconds <= 0) {
     // Only tokens limit the step: one token for every decode first, then prefill chunks in
     // keep order, so decodes never starve behind a prefill the KV pool may refuse.
-    for (seq_id id : placed) {
-      const sequence& s = seqs_.at(id);
-      if (s.running && static_cast<int32_t>(s.tokens.size()) - s.computed == 1 && budget > 0) {
-        tokens[id] = 1;
+    for (size_t i : placed) {
+      if (is_decode(*order[i]) && budget > 0) {
+        take(i, 1);
         --budget;
       }
     }
-    for (seq_id id : placed) {
-      if (tokens.count(id) || budget <= 0) continue;
-      const sequence& s = seqs_.at(id);
+    for (size_t i : placed) {
+      if (tokens[i] > 0 || budget <= 0) continue;
+      const sequence& s = *order[i];
       const int32_t n = std::min(static_cast<int32_t>(s.tokens.size()) - s.computed, budget);
-      tokens[id] = n;
+      take(i, n);
       budget -= n;
     }
   } else {
@@ -97,43 +107,44 @@ kv_request batch_scheduler::propose(const step_time_budget& time) {
     double left = time.seconds - time.c0;
     auto tier_end = placed.begin();
     for (auto it = placed.begin(); it != placed.end(); it = tier_end) {
-      const int32_t priority = seqs_.at(*it).spec.priority;
-      tier_end = std::find_if(it, placed.end(), [&](seq_id id) { return seqs_.at(id).spec.priority != priority; });
+      const int32_t priority = order[*it]->spec.priority;
+      tier_end = std::find_if(it, placed.end(), [&](size_t i) { return order[i]->spec.priority != priority; });
       for (auto d = it; d != tier_end; ++d) {
-        const sequence& s = seqs_.at(*d);
-        if (!s.running || static_cast<int32_t>(s.tokens.size()) - s.computed != 1 || budget <= 0) continue;
+        const sequence& s = *order[*d];
+        if (!is_decode(s) || budget <= 0) continue;
         const double cost = time.per_decode + time.per_context_position * s.computed;
-        if (cost > left && !tokens.empty()) continue;
-        tokens[*d] = 1;
+        if (cost > left && stepped > 0) continue;
+        take(*d, 1);
         --budget;
         left -= cost;
       }
       for (auto p = it; p != tier_end; ++p) {
-        if (tokens.count(*p) || budget <= 0) continue;
-        const sequence& s = seqs_.at(*p);
+        if (tokens[*p] > 0 || budget <= 0) continue;
+        const sequence& s = *order[*p];
         const int32_t fit = time.per_prefill_token > 0 ? static_cast<int32_t>(left / time.per_prefill_token) : budget;
         const int32_t n = std::min({static_cast<int32_t>(s.tokens.size()) - s.computed, budget,
-                                    tokens.empty() ? std::max(fit, 1) : fit});
+                                    stepped == 0 ? std::max(fit, 1) : fit});
         if (n <= 0) continue;
-        tokens[*p] = n;
+        take(*p, n);
         budget -= n;
         left -= n * time.per_prefill_token;
       }
     }
   }
-  for (seq_id id : order) {
-    const sequence& s = seqs_.at(id);
-    auto t = tokens.find(id);
-    const int32_t n = t == tokens.end() ? 0 : t->second;
+  r.entries.reserve(order.size());
+  plan_.reserve(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    const sequence& s = *order[i];
+    const int32_t n = tokens[i];
     if (!s.running && n == 0) continue;  // waiting and not this step: nothing to hold
     kv_entry e;
-    e.seq = id;
+    e.seq = s.spec.id;
     e.admit = !s.running;
     e.positions = s.computed + n;
     e.write_from = s.computed;
     e.preemptable = s.preemptions < limits_.max_preemptions;
     if (e.admit) e.prompt = s.tokens;
-    plan_.push_back({id, e.positions});
+    plan_.push_back({e.seq, e.positions});
     r.entries.push_back(std::move(e));
   }
   return r;

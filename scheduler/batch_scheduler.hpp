@@ -105,7 +105,7 @@ class batch_scheduler {
     seq_id seq;
     int32_t positions;  // positions it holds after the step; equal to computed: kept, not stepped
   };
-  std::vector<seq_id> keep_order() const;
+  std::vector<const sequence*> keep_order() const;
 
   scheduler_limits limits_;
   std::map<seq_id, sequence> seqs_;
