@@ -179,6 +179,10 @@ row "unauthenticated, 1 in flight" --key sk-unknown --expect rejected:unauthenti
 row "unauthenticated, moderate" --key sk-unknown --expect rejected:unauthenticated --threads 2 --connections 2 --inflight 2
 row "unauthenticated, 32 in flight" --key sk-unknown --expect rejected:unauthenticated --threads 2 --connections 4 --inflight 4
 row "unauthenticated, saturated" --key sk-unknown --expect rejected:unauthenticated --threads 2 --connections 4 --inflight 16
+# One client thread: the client keeps to one core and the server has the other (with two
+# client threads, three busy threads share two cores and the tail is the OS's time slices).
+row "unauthenticated, 1 client core" --key sk-unknown --expect rejected:unauthenticated --threads 1 --connections 4 --inflight 4
+row "unauthenticated, 1 client core" --key sk-unknown --expect rejected:unauthenticated --threads 1 --connections 4 --inflight 8
 if [ "${PROFILE:-0}" = 1 ]; then
   profile "unauthenticated" --key sk-unknown --expect rejected:unauthenticated --threads 2 --connections 4 --inflight 4
 fi
@@ -189,6 +193,8 @@ row "overloaded, 1 in flight" --key sk-bench --expect rejected:overloaded --thre
 row "overloaded, moderate" --key sk-bench --expect rejected:overloaded --threads 2 --connections 2 --inflight 2 "${hold[@]}"
 row "overloaded, 32 in flight" --key sk-bench --expect rejected:overloaded --threads 2 --connections 4 --inflight 4 "${hold[@]}"
 row "overloaded, saturated" --key sk-bench --expect rejected:overloaded --threads 2 --connections 4 --inflight 16 "${hold[@]}"
+row "overloaded, 1 client core" --key sk-bench --expect rejected:overloaded --threads 1 --connections 4 --inflight 4 "${hold[@]}"
+row "overloaded, 1 client core" --key sk-bench --expect rejected:overloaded --threads 1 --connections 2 --inflight 16 "${hold[@]}"
 if [ "${PROFILE:-0}" = 1 ]; then
   profile "overloaded" --key sk-bench --expect rejected:overloaded --threads 2 --connections 4 --inflight 4 "${hold[@]}"
 fi
