@@ -16,6 +16,9 @@ constexpr int poll_iterations = 200000;
 
 inline uint64_t pack(uint32_t tag, uint32_t index) { return (uint64_t{tag} << 32) | index; }
 
+// An index past any job's tasks (they are fewer than 2^31): nothing can be claimed from it.
+constexpr uint32_t closed_index = 0xffffffffu;
+
 }  // namespace
 
 thread_pool::thread_pool(int n_threads) {
@@ -35,9 +38,11 @@ void thread_pool::run_chunks(uint32_t tag) {
   for (;;) {
     if (static_cast<uint32_t>(cur >> 32) != tag) return;
     const int64_t begin = static_cast<uint32_t>(cur);
-    const int64_t n_tasks = n_tasks_.load(std::memory_order_relaxed);
+    // Acquire: a count or grain of the next job comes with next_ already closed (run), so
+    // the claim below fails rather than take a chunk of this job sized by the next one.
+    const int64_t n_tasks = n_tasks_.load(std::memory_order_acquire);
     if (begin >= n_tasks) return;
-    const int64_t end = std::min(begin + grain_.load(std::memory_order_relaxed), n_tasks);
+    const int64_t end = std::min(begin + grain_.load(std::memory_order_acquire), n_tasks);
     if (!next_.compare_exchange_weak(cur, pack(tag, static_cast<uint32_t>(end)),
                                      std::memory_order_acq_rel)) {
       continue;
@@ -58,9 +63,13 @@ void thread_pool::run(job fn, int64_t n_tasks, int64_t grain) {
     return;
   }
   const uint32_t tag = tag_.load(std::memory_order_relaxed) + 1;
+  // Close the finished job first: a worker still in run_chunks with its tag could otherwise
+  // read its exhausted index, this job's larger count, and claim a chunk that does not exist
+  // (then run this job's function on it, or the last job's after its frame is gone).
+  next_.store(pack(tag, closed_index), std::memory_order_seq_cst);
   job_ = fn;
-  n_tasks_.store(n_tasks, std::memory_order_relaxed);
-  grain_.store(grain, std::memory_order_relaxed);
+  n_tasks_.store(n_tasks, std::memory_order_release);
+  grain_.store(grain, std::memory_order_release);
   done_.store(0, std::memory_order_relaxed);
   next_.store(pack(tag, 0), std::memory_order_release);
   tag_.store(tag, std::memory_order_release);
