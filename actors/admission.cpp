@@ -168,6 +168,9 @@ caf::behavior admission(self_ptr self, admission_options o) {
         load.running = c.getRunning();
         load.waiting = c.getWaiting();
         load.waiting_prompt_tokens = c.getWaitingPromptTokens();
+        for (auto w : c.getWaitingByPriority()) {
+          load.waiting_by_priority.push_back({w.getPriority(), static_cast<int32_t>(w.getCount()), w.getPromptTokens()});
+        }
         load.decode_context = c.getRunningContext();
         load.finished_per_second = c.getFinishedPerSecond();
         st.control->observe(load);

@@ -170,7 +170,8 @@ void send_credits(self_ptr self) {
   unsigned i = 0;
   for (const auto& [priority, n] : c.waiting_by_priority) {
     waiting[i].setPriority(priority);
-    waiting[i++].setCount(n);
+    waiting[i].setCount(n);
+    waiting[i++].setPromptTokens(c.waiting_prompt_tokens_by_priority.at(priority));
   }
   auto received = b.initReceivedByPriority(static_cast<unsigned>(st.received_by_priority.size()));
   i = 0;

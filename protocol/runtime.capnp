@@ -59,6 +59,7 @@ struct Credits {
 struct PriorityCount {
   priority @0 :Int32;
   count @1 :Int64;
+  promptTokens @2 :Int64;  # in waitingByPriority: prompt tokens of those requests not yet computed
 }
 
 # engine → kv_manager, once per step: what the step needs, in keep order (the entries the

@@ -70,14 +70,24 @@ double admission_control::predicted_ttft(const std::string& tier, int32_t prompt
   if (load_.step_observations < 8 || load_.max_step_tokens <= 0) return 0.0;  // nothing measured yet: optimistic
   step_time_model model;
   model.set_coefficients(load_.step_model, load_.step_observations);
-  // Work ahead of the request: prompts waiting in the engine, and those queued here at its
-  // tier or above (what would be released before it).
+  // Work ahead of the request: prompts waiting in the engine and those queued here, at its
+  // tier or above (the engine places waiting requests in priority order, so a lower tier's
+  // waiting prompts are not ahead of it).
   int32_t priority = 0;
   for (const tier_settings& t : tiers_) {
     if (t.name == tier) priority = t.priority;
   }
   double tokens_ahead = static_cast<double>(load_.waiting_prompt_tokens) + extra_tokens;
   int32_t requests_ahead = load_.waiting;
+  if (kind_ != admission_policy::fcfs && !load_.waiting_by_priority.empty()) {
+    tokens_ahead = extra_tokens;
+    requests_ahead = 0;
+    for (const engine_load::waiting_at& w : load_.waiting_by_priority) {
+      if (w.priority < priority) continue;
+      tokens_ahead += static_cast<double>(w.prompt_tokens);
+      requests_ahead += w.requests;
+    }
+  }
   for (const tier_state& t : tier_states_) {
     if (kind_ == admission_policy::fcfs || t.settings->priority >= priority) {
       tokens_ahead += static_cast<double>(t.queued_prompt_tokens);

@@ -52,6 +52,12 @@ struct engine_load {
   int32_t max_step_tokens = 0, max_step_seqs = 0;
   int32_t running = 0, waiting = 0;
   int64_t waiting_prompt_tokens = 0;
+  // The engine's waiting requests by priority (empty: unknown, all of them count as ahead).
+  struct waiting_at {
+    int32_t priority = 0, requests = 0;
+    int64_t prompt_tokens = 0;
+  };
+  std::vector<waiting_at> waiting_by_priority;
   double decode_context = 0;       // Σ positions attended by the running decodes
   double finished_per_second = 0;  // completions per second (moving average)
 };

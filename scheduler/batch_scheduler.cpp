@@ -263,6 +263,7 @@ sequence_counts batch_scheduler::counts() const {
       ++c.waiting;
       ++c.waiting_by_priority[s.spec.priority];
       c.waiting_prompt_tokens += static_cast<int64_t>(s.tokens.size());
+      c.waiting_prompt_tokens_by_priority[s.spec.priority] += static_cast<int64_t>(s.tokens.size());
     }
   }
   return c;

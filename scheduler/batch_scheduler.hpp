@@ -60,6 +60,7 @@ struct sequence_counts {
   int64_t waiting_prompt_tokens = 0;  // not yet computed, summed over waiting requests
   int64_t running_context = 0;        // positions held by running requests, summed
   std::map<int32_t, int32_t> waiting_by_priority;
+  std::map<int32_t, int64_t> waiting_prompt_tokens_by_priority;
 };
 
 class batch_scheduler {

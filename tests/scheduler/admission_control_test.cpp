@@ -162,6 +162,26 @@ TEST(admission_control, early_rejection_when_and_only_when_the_prediction_misses
   }
 }
 
+// The engine places waiting requests in priority order, so a lower tier's prompts waiting
+// there are not ahead of a higher tier's request: only its own tier and those above count.
+TEST(admission_control, a_lower_tiers_waiting_prompts_are_not_ahead_of_a_higher_tier) {
+  admission_control c(admission_policy::tireless, {}, {tier("gold", 2, 2000ms), tier("free", 1, 8000ms)}, {});
+  engine_load l = busy_engine(20000);
+  l.waiting = 40;
+  l.waiting_by_priority = {{1, 38, 19000}, {2, 2, 1000}};
+  c.observe(l);
+  const double gold = c.predicted_ttft("gold", 100), free = c.predicted_ttft("free", 100);
+  EXPECT_LT(gold, 2.0) << "1100 tokens: 3 steps of ~0.52 s";
+  EXPECT_GT(free, 10 * gold) << "20000 tokens ahead";
+  EXPECT_TRUE(arrive(c, 1, "", "gold", 0).admitted);
+  EXPECT_FALSE(arrive(c, 2, "", "free", 0).admitted);
+  // Without the breakdown (an older engine), everything waiting counts as ahead.
+  admission_control before(admission_policy::tireless, {}, {tier("gold", 2, 2000ms), tier("free", 1, 8000ms)}, {});
+  l.waiting_by_priority.clear();
+  before.observe(l);
+  EXPECT_NEAR(before.predicted_ttft("gold", 100), free, 1e-9);
+}
+
 TEST(admission_control, a_tier_that_is_not_sheddable_is_never_refused_for_its_prediction) {
   admission_control c(admission_policy::tireless, {}, {tier("gold", 1, 100ms, false)}, {});
   c.observe(busy_engine(100000));
