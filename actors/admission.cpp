@@ -117,6 +117,12 @@ void arrive(self_ptr self, generate_msg& msg, const caf::actor& session) {
   // and the degradations the outcome must report.
   b.setMaxTokens(d.max_tokens);
   b.setTierPriority(d.priority);
+  // The session's deadline, armed here rather than by the session so that requests refused
+  // above cost no timer.
+  if (const int64_t deadline = b.getDeadlineNs(); deadline > 0) {
+    self->delayed_send(session, std::chrono::nanoseconds(std::max<int64_t>(deadline - a.now_ns, 0)),
+                       deadline_atom::value);
+  }
   if (!d.degradations.empty()) {
     auto list = b.initDegradations(static_cast<unsigned>(d.degradations.size()));
     for (unsigned i = 0; i < d.degradations.size(); ++i) list.set(i, d.degradations[i]);

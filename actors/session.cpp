@@ -165,8 +165,9 @@ bool start(self_ptr self) {
   b.setArrivalNs(st.start_ns);
   if (r.timeout.count() > 0) b.setDeadlineNs(st.start_ns + std::chrono::nanoseconds(r.timeout).count());
   b.setTokenWindow(r.token_window);
+  // The deadline timer is armed by admission once it takes the request in: a request it
+  // refuses at once needs none (and refusing is what an overloaded server does most).
   self->send(st.o.admission, generate_atom::value, std::move(m), caf::actor_cast<caf::actor>(self));
-  if (r.timeout.count() > 0) self->delayed_send(self, r.timeout, deadline_atom::value);
   return true;
 }
 
