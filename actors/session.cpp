@@ -8,6 +8,7 @@
 #include "actors/wire.hpp"
 #include "model/model.hpp"
 #include "model/text_stopper.hpp"
+#include "protocol/reason_names.hpp"
 
 namespace tireless {
 
@@ -17,36 +18,8 @@ int64_t now_ns(caf::local_actor* self) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(self->clock().now().time_since_epoch()).count();
 }
 
-const char* completion_reason(proto::Completion::Reason r) {
-  switch (r) {
-    case proto::Completion::Reason::STOP_TOKEN: return "stop_token";
-    case proto::Completion::Reason::STOP_STRING: return "stop_string";
-    case proto::Completion::Reason::MAX_TOKENS: return "max_tokens";
-    case proto::Completion::Reason::CONTEXT_FULL: return "context_full";
-  }
-  return "completed";
-}
 
-const char* rejection_reason(proto::Rejection::Reason r) {
-  switch (r) {
-    case proto::Rejection::Reason::OVERLOADED: return "overloaded";
-    case proto::Rejection::Reason::QUOTA_EXCEEDED: return "quota_exceeded";
-    case proto::Rejection::Reason::UNAUTHENTICATED: return "unauthenticated";
-    case proto::Rejection::Reason::INVALID: return "invalid";
-    case proto::Rejection::Reason::PROMPT_TOO_LONG: return "prompt_too_long";
-    case proto::Rejection::Reason::SHUTTING_DOWN: return "shutting_down";
-  }
-  return "rejected";
-}
 
-const char* cancellation_reason(proto::Cancellation::Reason r) {
-  switch (r) {
-    case proto::Cancellation::Reason::CLIENT: return "client";
-    case proto::Cancellation::Reason::DEADLINE: return "deadline";
-    case proto::Cancellation::Reason::SHUTDOWN: return "shutdown";
-  }
-  return "cancelled";
-}
 
 struct session_state {
   session_options o;
@@ -206,16 +179,16 @@ void on_outcome(self_ptr self, const outcome_msg& msg) {
   switch (r.which()) {
     case proto::Outcome::COMPLETED: {
       if (st.stopper) st.text += st.stopper->finish();
-      o = base_outcome(self, outcome_kind::completed, completion_reason(r.getCompleted().getReason()));
+      o = base_outcome(self, outcome_kind::completed, std::string(proto::reason_name(r.getCompleted().getReason())));
       break;
     }
     case proto::Outcome::REJECTED:
-      o = base_outcome(self, outcome_kind::rejected, rejection_reason(r.getRejected().getReason()),
+      o = base_outcome(self, outcome_kind::rejected, std::string(proto::reason_name(r.getRejected().getReason())),
                        r.getRejected().getMessage());
       o.retry_after_ms = r.getRejected().getRetryAfterMs();
       break;
     case proto::Outcome::CANCELLED:
-      o = base_outcome(self, outcome_kind::cancelled, cancellation_reason(r.getCancelled().getReason()));
+      o = base_outcome(self, outcome_kind::cancelled, std::string(proto::reason_name(r.getCancelled().getReason())));
       break;
     case proto::Outcome::FAILED:
       o = base_outcome(self, outcome_kind::failed, "error", r.getFailed().getMessage());

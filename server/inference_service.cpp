@@ -5,6 +5,8 @@
 #include <optional>
 #include <thread>
 
+#include "protocol/reason_names.hpp"
+
 namespace tireless {
 
 namespace {
@@ -15,27 +17,8 @@ class log_errors final : public kj::TaskSet::ErrorHandler {
 };
 log_errors task_errors;
 
-proto::Completion::Reason completion_reason(const std::string& r) {
-  if (r == "stop_string") return proto::Completion::Reason::STOP_STRING;
-  if (r == "max_tokens") return proto::Completion::Reason::MAX_TOKENS;
-  if (r == "context_full") return proto::Completion::Reason::CONTEXT_FULL;
-  return proto::Completion::Reason::STOP_TOKEN;
-}
 
-proto::Rejection::Reason rejection_reason(const std::string& r) {
-  if (r == "quota_exceeded") return proto::Rejection::Reason::QUOTA_EXCEEDED;
-  if (r == "unauthenticated") return proto::Rejection::Reason::UNAUTHENTICATED;
-  if (r == "invalid") return proto::Rejection::Reason::INVALID;
-  if (r == "prompt_too_long") return proto::Rejection::Reason::PROMPT_TOO_LONG;
-  if (r == "shutting_down") return proto::Rejection::Reason::SHUTTING_DOWN;
-  return proto::Rejection::Reason::OVERLOADED;
-}
 
-proto::Cancellation::Reason cancellation_reason(const std::string& r) {
-  if (r == "deadline") return proto::Cancellation::Reason::DEADLINE;
-  if (r == "shutdown") return proto::Cancellation::Reason::SHUTDOWN;
-  return proto::Cancellation::Reason::CLIENT;
-}
 
 outcome invalid(std::string message) {
   outcome o;
@@ -50,15 +33,15 @@ outcome invalid(std::string message) {
 void fill_outcome(proto::Outcome::Builder b, const outcome& o) {
   b.setRequestId(o.request_id);
   switch (o.kind) {
-    case outcome_kind::completed: b.initCompleted().setReason(completion_reason(o.reason)); break;
+    case outcome_kind::completed: b.initCompleted().setReason(proto::completion_reason(o.reason)); break;
     case outcome_kind::rejected: {
       auto r = b.initRejected();
-      r.setReason(rejection_reason(o.reason));
+      r.setReason(proto::rejection_reason(o.reason));
       r.setMessage(o.message);
       r.setRetryAfterMs(o.retry_after_ms);
       break;
     }
-    case outcome_kind::cancelled: b.initCancelled().setReason(cancellation_reason(o.reason)); break;
+    case outcome_kind::cancelled: b.initCancelled().setReason(proto::cancellation_reason(o.reason)); break;
     case outcome_kind::failed: b.initFailed().setMessage(o.message.empty() ? o.reason : o.message); break;
   }
   auto d = b.initDegradations(static_cast<unsigned>(o.degradations.size()));

@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "protocol/reason_names.hpp"
 #include "protocol/tireless.capnp.h"
 #include "target.hpp"
 
@@ -27,36 +28,8 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-const char* completion_reason(proto::Completion::Reason r) {
-  switch (r) {
-    case proto::Completion::Reason::STOP_TOKEN: return "stop_token";
-    case proto::Completion::Reason::STOP_STRING: return "stop_string";
-    case proto::Completion::Reason::MAX_TOKENS: return "max_tokens";
-    case proto::Completion::Reason::CONTEXT_FULL: return "context_full";
-  }
-  return "completed";
-}
 
-const char* rejection_reason(proto::Rejection::Reason r) {
-  switch (r) {
-    case proto::Rejection::Reason::OVERLOADED: return "overloaded";
-    case proto::Rejection::Reason::QUOTA_EXCEEDED: return "quota_exceeded";
-    case proto::Rejection::Reason::UNAUTHENTICATED: return "unauthenticated";
-    case proto::Rejection::Reason::INVALID: return "invalid";
-    case proto::Rejection::Reason::PROMPT_TOO_LONG: return "prompt_too_long";
-    case proto::Rejection::Reason::SHUTTING_DOWN: return "shutting_down";
-  }
-  return "rejected";
-}
 
-const char* cancellation_reason(proto::Cancellation::Reason r) {
-  switch (r) {
-    case proto::Cancellation::Reason::CLIENT: return "client";
-    case proto::Cancellation::Reason::DEADLINE: return "deadline";
-    case proto::Cancellation::Reason::SHUTDOWN: return "shutdown";
-  }
-  return "cancelled";
-}
 
 outcome to_outcome(proto::Outcome::Reader o) {
   outcome r;
@@ -64,17 +37,17 @@ outcome to_outcome(proto::Outcome::Reader o) {
   switch (o.which()) {
     case proto::Outcome::COMPLETED:
       r.kind = outcome_kind::completed;
-      r.reason = completion_reason(o.getCompleted().getReason());
+      r.reason = proto::reason_name(o.getCompleted().getReason());
       break;
     case proto::Outcome::REJECTED:
       r.kind = outcome_kind::rejected;
-      r.reason = rejection_reason(o.getRejected().getReason());
+      r.reason = proto::reason_name(o.getRejected().getReason());
       r.message = o.getRejected().getMessage();
       r.retry_after_ms = o.getRejected().getRetryAfterMs();
       break;
     case proto::Outcome::CANCELLED:
       r.kind = outcome_kind::cancelled;
-      r.reason = cancellation_reason(o.getCancelled().getReason());
+      r.reason = proto::reason_name(o.getCancelled().getReason());
       break;
     case proto::Outcome::FAILED:
       r.kind = outcome_kind::failed;
