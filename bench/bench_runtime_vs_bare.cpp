@@ -4,19 +4,15 @@
 // concurrent sequences, greedy, no stop tokens (every sequence makes exactly max_tokens).
 //
 //   bench_runtime_vs_bare [--model PATH] [--seqs 8,32] [--tokens 64] [--prompt 32] [--reps 5]
-//                         [--threads 2] [--only bare|runtime|no-polling]
+//                         [--threads 2] [--only bare|runtime]
 //
-// Three ways, interleaved in each repetition and rotated between repetitions:
+// Two ways, interleaved in each repetition and rotated between repetitions:
 //   bare        sequence_runner on a cpu backend with the options runtime::start derives
-//   runtime     runtime::start + generate()
-//   no-polling  the runtime's actors and intake wired as runtime::start wires them, on an
-//               actor system whose work-stealing workers do not poll (aggressive and moderate
-//               poll attempts 1: an idle worker sleeps on its condition variable at once) —
-//               the diagnosis of the runtime's cost and its proposed fix.
+//   runtime     runtime::start + generate() (CAF workers that do not poll, as runtime::start
+//               sets them up; an earlier "no-polling" third way diagnosed that and is gone)
 // Each run builds its own backend, so only one thread pool exists at a time. tokens/s =
 // generated tokens / wall time from the first submission to the last outcome (prefill
 // included). Context switches and CPU time are the whole process's during the run.
-#include <caf/all.hpp>
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
@@ -28,13 +24,9 @@
 #include <ctime>
 #include <future>
 #include <map>
-#include <thread>
 
 #include <fmt/format.h>
 
-#include "actors/intake.hpp"
-#include "actors/messages.hpp"
-#include "actors/pipeline.hpp"
 #include "config/resolved_limits.hpp"
 #include "gpu/cpu/cpu_backend.hpp"
 #include "gpu/sequence_runner.hpp"
@@ -163,40 +155,6 @@ run_result run_bare(const bench_options& o, int n, const std::shared_ptr<const m
   });
 }
 
-run_result run_no_polling(const bench_options& o, int n, const std::shared_ptr<const model>& m) {
-  const runtime_config c = config_for(o, n);
-  caf::actor_system_config sys_cfg;
-  sys_cfg.set("scheduler.max-threads", static_cast<size_t>(std::max(2u, std::thread::hardware_concurrency())));
-  sys_cfg.set("work-stealing.aggressive-poll-attempts", size_t{1});
-  sys_cfg.set("work-stealing.moderate-poll-attempts", size_t{1});
-  caf::actor_system sys{sys_cfg};
-  resolved_limits lim;
-  auto be = backend_for(c, m, lim);
-  const pipeline_options po = make_pipeline_options(c, lim, std::move(be));
-  const pipeline p = spawn_pipeline(sys, po);
-  intake entry(sys, c, lim, m, p.admission, p.engine, door_capacity(c, po));
-  run_result out = measure([&] {
-    run_result r;
-    std::vector<std::shared_ptr<std::promise<outcome>>> done;
-    for (int i = 0; i < n; ++i) {
-      request q;
-      q.prompt_tokens = prompt_of(o.prompt, i);
-      q.max_tokens = o.tokens;
-      done.push_back(std::make_shared<std::promise<outcome>>());
-      entry.submit(std::move(q), nullptr, [d = done.back()](const outcome& x) { d->set_value(x); });
-    }
-    for (auto& d : done) r.tokens += d->get_future().get().completion_tokens;
-    return r;
-  });
-  caf::scoped_actor self{sys};
-  self->request(p.engine, caf::infinite, stats_atom::value)
-      .receive([&](int32_t, int32_t, int64_t steps, int64_t) { out.steps = steps; }, [](caf::error&) {});
-  entry.close();
-  stop_pipeline(p);
-  entry.detach();
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -212,22 +170,22 @@ int main(int argc, char** argv) {
   app.add_option("--threads", o.threads)->capture_default_str();
   app.add_option("--reps", reps)->capture_default_str();
   app.add_option("--only", only, "run one way only (for a profiler)")
-      ->check(CLI::IsMember({"bare", "runtime", "no-polling"}));
+      ->check(CLI::IsMember({"bare", "runtime"}));
   CLI11_PARSE(app, argc, argv);
 
   const auto m = model::load(o.model_path);
-  const char* names[] = {"bare", "runtime", "no-polling"};
+  const char* names[] = {"bare", "runtime"};
   auto run = [&](int way, int n) {
-    return way == 0 ? run_bare(o, n, m) : way == 1 ? run_runtime(o, n) : run_no_polling(o, n, m);
+    return way == 0 ? run_bare(o, n, m) : run_runtime(o, n);
   };
-  for (int way = 0; way < 3; ++way) {  // warm up: page in the model, KV pages, code
+  for (int way = 0; way < 2; ++way) {  // warm up: page in the model, KV pages, code
     if (only.empty() || only == names[way]) run(way, seqs.front());
   }
-  std::map<int, std::vector<run_result>> results[3];
+  std::map<int, std::vector<run_result>> results[2];
   for (int r = 0; r < reps; ++r) {
     for (int n : seqs) {
-      for (int k = 0; k < 3; ++k) {
-        const int way = (k + r) % 3;
+      for (int k = 0; k < 2; ++k) {
+        const int way = (k + r) % 2;
         if (only.empty() || only == names[way]) results[way][n].push_back(run(way, n));
       }
       std::fprintf(stderr, "rep %d, %d sequences done\n", r + 1, n);
@@ -239,7 +197,7 @@ int main(int argc, char** argv) {
     std::printf("\n%d sequences\n%-11s %-36s %8s %8s %6s %10s %8s\n", n, "", "tokens/s, each repetition", "median",
                 "vs bare", "steps", "ctx sw/s", "CPU ms/tok");
     const auto& bare = results[0][n];
-    for (int way = 0; way < 3; ++way) {
+    for (int way = 0; way < 2; ++way) {
       const auto& runs = results[way][n];
       if (runs.empty()) continue;
       std::vector<double> tps, ratio, switches, cpu;
