@@ -8,7 +8,8 @@
 
 #include "actors/actor_stats.hpp"
 #include "actors/messages.hpp"
-#include "scheduler/admission_control.hpp"
+#include "actors/wire.hpp"
+#include "scheduler/admission_gate.hpp"
 
 namespace tireless {
 
@@ -23,7 +24,8 @@ struct pending {
 };
 
 struct admission_state {
-  std::unique_ptr<admission_control> control;
+  std::shared_ptr<admission_gate> gate;  // every use of it holds its lock
+  admission_control& control() { return gate->control(); }
   caf::actor engine;
   std::unordered_map<uint64_t, pending> queued;
   // The engine's waiting room, as of its last credits, and what was sent since.
@@ -39,23 +41,13 @@ int64_t now_ns(caf::local_actor* self) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(self->clock().now().time_since_epoch()).count();
 }
 
-proto::Rejection::Reason wire_reason(refusal r) {
-  switch (r) {
-    case refusal::overloaded: return proto::Rejection::Reason::OVERLOADED;
-    case refusal::quota_exceeded: return proto::Rejection::Reason::QUOTA_EXCEEDED;
-    case refusal::prompt_too_long: return proto::Rejection::Reason::PROMPT_TOO_LONG;
-    case refusal::invalid: return proto::Rejection::Reason::INVALID;
-  }
-  return proto::Rejection::Reason::OVERLOADED;
-}
-
 void reject(self_ptr self, const caf::actor& session, uint64_t id, refusal why, const std::string& message,
             int64_t retry_after_ms) {
   outcome_msg m(64);
   auto b = m.init();
   b.setRequestId(id);
   auto r = b.initRejected();
-  r.setReason(wire_reason(why));
+  r.setReason(to_wire(why));
   r.setMessage(message);
   r.setRetryAfterMs(retry_after_ms);
   self->send(session, std::move(m));
@@ -79,9 +71,9 @@ bool room_for(const admission_state& st, int32_t priority) {
 void release(self_ptr self) {
   auto& st = self->state;
   if (!st.engine) return;
-  while (auto q = st.control->peek_priority()) {
+  while (auto q = st.control().peek_priority()) {
     if (!room_for(st, *q)) return;
-    auto next = st.control->next();
+    auto next = st.control().next();
     auto it = st.queued.find(next->id);
     if (it == st.queued.end()) continue;
     const int32_t priority = it->second.request.get().getTierPriority();
@@ -108,7 +100,7 @@ void arrive(self_ptr self, generate_msg& msg, const caf::actor& session) {
   a.prompt_tokens = static_cast<int32_t>(b.getPrompt().size());
   a.max_tokens = b.getMaxTokens();
   a.now_ns = now_ns(self);
-  const admission_decision d = st.control->arrive(a);
+  const admission_decision d = st.control().arrive(a);
   if (!d.admitted) {
     reject(self, session, a.id, d.reason, d.message, d.retry_after_ms);
     return;
@@ -132,21 +124,24 @@ void arrive(self_ptr self, generate_msg& msg, const caf::actor& session) {
   tick(self);
 }
 
-caf::behavior admission(self_ptr self, admission_options o) {
-  self->state.control = std::make_unique<admission_control>(o.policy, o.settings, o.tiers, o.tenants);
+caf::behavior admission(self_ptr self, std::shared_ptr<admission_gate> gate) {
+  self->state.gate = std::move(gate);
   return {
       [=](attach_atom, const caf::actor& engine) {
+        auto lock = self->state.gate->lock();
         self->state.engine = engine;
         release(self);
       },
       [=](generate_atom, generate_msg& msg, const caf::actor& session) {
         note_mailbox(self->state.mailbox, self->mailbox().size());
+        auto lock = self->state.gate->lock();
         arrive(self, msg, session);
       },
       [=](cancel_atom, uint64_t id) {
         note_mailbox(self->state.mailbox, self->mailbox().size());
         auto& st = self->state;
-        if (st.control->cancel(id, now_ns(self))) {
+        auto lock = st.gate->lock();
+        if (st.control().cancel(id, now_ns(self))) {
           st.queued.erase(id);
         } else if (st.engine) {
           self->send(st.engine, cancel_atom::value, id);
@@ -154,7 +149,8 @@ caf::behavior admission(self_ptr self, admission_options o) {
       },
       [=](finished_atom, uint64_t id, int32_t used_tokens) {
         note_mailbox(self->state.mailbox, self->mailbox().size());
-        self->state.control->finished(id, used_tokens, now_ns(self));
+        auto lock = self->state.gate->lock();
+        self->state.control().finished(id, used_tokens, now_ns(self));
       },
       [=](const credits_msg& m, int64_t engine_received) {
         note_mailbox(self->state.mailbox, self->mailbox().size());
@@ -179,20 +175,22 @@ caf::behavior admission(self_ptr self, admission_options o) {
         }
         load.decode_context = c.getRunningContext();
         load.finished_per_second = c.getFinishedPerSecond();
-        st.control->observe(load);
+        auto lock = st.gate->lock();
+        st.control().observe(load);
         release(self);
       },
       [=](tick_atom) {
         auto& st = self->state;
         st.ticking = false;
         const int64_t now = now_ns(self);
-        for (const queued_request& q : st.control->expire(now)) {
+        auto lock = st.gate->lock();
+        for (const queued_request& q : st.control().expire(now)) {
           auto it = st.queued.find(q.id);
           if (it == st.queued.end()) continue;
           reject(self, it->second.session, q.id, refusal::overloaded,
                  fmt::format("waited longer than {} ms in tier '{}''s queue (admission.max_queue_wait_ms)",
                              (now - q.arrival_ns) / 1'000'000, q.tier),
-                 std::max<int64_t>(100, static_cast<int64_t>(1000 * st.control->predicted_ttft(q.tier, q.prompt_tokens))));
+                 std::max<int64_t>(100, static_cast<int64_t>(1000 * st.control().predicted_ttft(q.tier, q.prompt_tokens))));
           st.queued.erase(it);
         }
         tick(self);
@@ -201,19 +199,24 @@ caf::behavior admission(self_ptr self, admission_options o) {
         note_mailbox(self->state.mailbox, self->mailbox().size());
         std::vector<std::string> names;
         std::vector<int32_t> depths;
-        for (const auto& [name, n] : self->state.control->queued_by_tier()) {
+        auto lock = self->state.gate->lock();
+        for (const auto& [name, n] : self->state.control().queued_by_tier()) {
           names.push_back(name);
           depths.push_back(n);
         }
-        return caf::make_message(self->state.control->queued(), self->state.mailbox.max_mailbox, names, depths);
+        return caf::make_message(self->state.control().queued(), self->state.mailbox.max_mailbox, names, depths);
       },
   };
 }
 
 }  // namespace
 
-caf::actor spawn_admission(caf::actor_system& sys, admission_options options) {
-  return sys.spawn(admission, std::move(options));
+std::shared_ptr<admission_gate> make_admission_gate(const admission_options& o) {
+  return std::make_shared<admission_gate>(o.policy, o.settings, o.tiers, o.tenants);
+}
+
+caf::actor spawn_admission(caf::actor_system& sys, std::shared_ptr<admission_gate> gate) {
+  return sys.spawn(admission, std::move(gate));
 }
 
 }  // namespace tireless

@@ -6,12 +6,15 @@
 #include <caf/fwd.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "config/runtime_config.hpp"
 
 namespace tireless {
+
+class admission_gate;
 
 struct admission_options {
   admission_policy policy = admission_policy::tireless;
@@ -27,6 +30,9 @@ struct admission_options {
 //   (credits_msg, int64_t engine_received)       from the engine
 //   (attach_atom, engine actor)                  where to release requests
 //   stats_atom → (queued, max mailbox, tier names, queued per tier)
-caf::actor spawn_admission(caf::actor_system& sys, admission_options options);
+// Its decisions live in an admission_gate, shared with the intake so that a request the
+// policy refuses can be refused on the thread it arrived on (scheduler/admission_gate.hpp).
+std::shared_ptr<admission_gate> make_admission_gate(const admission_options& options);
+caf::actor spawn_admission(caf::actor_system& sys, std::shared_ptr<admission_gate> gate);
 
 }  // namespace tireless

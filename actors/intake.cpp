@@ -1,21 +1,30 @@
 #include "actors/intake.hpp"
 
+#include <caf/actor_clock.hpp>
+#include <caf/actor_system.hpp>
+
 #include <fmt/format.h>
 
 #include "actors/messages.hpp"
 #include "actors/session.hpp"
 #include "actors/spawner.hpp"
+#include "actors/wire.hpp"
+#include "protocol/reason_names.hpp"
+#include "scheduler/admission_gate.hpp"
 
 namespace tireless {
 
 intake::intake(caf::actor_system& sys, const runtime_config& config, const resolved_limits& limits,
-               std::shared_ptr<const model> lm, caf::actor admission, caf::actor engine, int64_t door_capacity)
+               std::shared_ptr<const model> lm, const pipeline& actors, int64_t door_capacity)
     : spawner_(spawn_spawner(sys)),
       config_(config),
       limits_(limits),
       lm_(std::move(lm)),
-      admission_(std::move(admission)),
-      engine_(std::move(engine)),
+      admission_(actors.admission),
+      engine_(actors.engine),
+      gate_(actors.gate),
+      sys_(sys),
+      request_limits_{limits.max_context, limits.max_prompt_tokens, config.admission.default_max_tokens},
       door_(door_capacity) {
   for (const tenant_settings& t : config_.tenants) {
     for (const std::string& k : t.keys) tenant_by_key_[k] = &t;
@@ -35,13 +44,30 @@ void intake::done(const outcome& o, bool entered) {
   idle_.notify_all();
 }
 
+std::optional<admission_decision> intake::refuse_at_once(uint64_t id, const request& r, const std::string& tenant,
+                                                         const tier_settings& tier) {
+  // Only the token-id form has its length before the session tokenizes it; a request with a
+  // problem goes on to the session, which reports the problem rather than the load.
+  if (!gate_ || r.prompt_tokens.empty() || !r.messages.empty() || !r.prompt.empty()) return std::nullopt;
+  const auto prompt_tokens = static_cast<int32_t>(r.prompt_tokens.size());
+  if (check_request(r, lm_.get(), prompt_tokens, request_limits_)) return std::nullopt;
+  arrival a;
+  a.id = id;
+  a.tenant = tenant;
+  a.tier = tier.name;
+  a.prompt_tokens = prompt_tokens;
+  a.max_tokens = effective_max_tokens(r, request_limits_);
+  a.now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(sys_.clock().now().time_since_epoch()).count();
+  return gate_->try_refuse(a);
+}
+
 uint64_t intake::submit(request r, runtime::token_callback on_token, runtime::outcome_callback on_outcome) {
   const uint64_t id = next_id_++;
-  auto refuse = [&](const char* reason, std::string message, int64_t retry_after) {
+  auto refuse = [&](std::string_view reason, std::string message, int64_t retry_after) {
     outcome o;
     o.request_id = id;
     o.kind = outcome_kind::rejected;
-    o.reason = reason;
+    o.reason = std::string(reason);
     o.message = std::move(message);
     o.retry_after_ms = retry_after;
     done(o, false);
@@ -61,6 +87,9 @@ uint64_t intake::submit(request r, runtime::token_callback on_token, runtime::ou
     tenant = t->second->name;
     tier = config_.find_tier(t->second->tier);
   }
+  if (auto d = refuse_at_once(id, r, tenant, *tier)) {
+    return refuse(proto::reason_name(to_wire(d->reason)), std::move(d->message), d->retry_after_ms);
+  }
   if (!door_.enter()) {
     return refuse("overloaded", fmt::format("{} requests are already inside the runtime", door_.capacity()), 1000);
   }
@@ -77,9 +106,7 @@ uint64_t intake::submit(request r, runtime::token_callback on_token, runtime::ou
   so.tenant = tenant;
   so.tier = tier->name;
   so.tier_priority = tier->priority;
-  so.max_context = limits_.max_context;
-  so.max_prompt_tokens = limits_.max_prompt_tokens;
-  so.default_max_tokens = config_.admission.default_max_tokens;
+  so.limits = request_limits_;
   so.admission = admission_;
   so.engine = engine_;
   auto options = std::make_shared<session_options>(std::move(so));

@@ -10,12 +10,16 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
+#include "actors/pipeline.hpp"
+#include "actors/request_checks.hpp"
 #include "actors/request_door.hpp"
 #include "config/resolved_limits.hpp"
 #include "config/runtime_config.hpp"
+#include "scheduler/admission_control.hpp"
 #include "tireless/runtime.hpp"
 
 namespace tireless {
@@ -31,7 +35,7 @@ class intake {
  public:
   // Construct on an actor-system thread (it spawns its spawner); use from any thread.
   intake(caf::actor_system& sys, const runtime_config& config, const resolved_limits& limits,
-         std::shared_ptr<const model> lm, caf::actor admission, caf::actor engine, int64_t door_capacity);
+         std::shared_ptr<const model> lm, const pipeline& actors, int64_t door_capacity);
 
   uint64_t submit(request r, runtime::token_callback on_token, runtime::outcome_callback on_outcome);
   bool cancel(uint64_t id);
@@ -51,12 +55,19 @@ class intake {
 
  private:
   void done(const outcome& o, bool entered);
+  // The policy's refusal of a request whose prompt's length is known without tokenizing
+  // (token ids), decided on the caller's thread (see admission_gate); nothing otherwise.
+  std::optional<admission_decision> refuse_at_once(uint64_t id, const request& r, const std::string& tenant,
+                                                   const tier_settings& tier);
 
   caf::actor spawner_;  // sessions are spawned on its thread
   const runtime_config& config_;
   resolved_limits limits_;
   std::shared_ptr<const model> lm_;
   caf::actor admission_, engine_;
+  std::shared_ptr<admission_gate> gate_;
+  caf::actor_system& sys_;  // its clock is admission's
+  request_limits request_limits_;
   request_door door_;
   std::unordered_map<std::string, const tenant_settings*> tenant_by_key_;
   std::atomic<uint64_t> next_id_{1};

@@ -8,7 +8,8 @@ pipeline spawn_pipeline(caf::actor_system& sys, const pipeline_options& o) {
   pipeline p;
   p.kv = spawn_kv_manager(sys, o.kv);
   p.shard = spawn_shard_supervisor(sys, o.shard, o.max_shard_restarts);
-  p.admission = spawn_admission(sys, o.admission);
+  p.gate = make_admission_gate(o.admission);
+  p.admission = spawn_admission(sys, p.gate);
   p.engine = spawn_engine(sys, o.engine, p.kv, p.shard, p.admission);
   caf::anon_send(p.admission, attach_atom::value, p.engine);
   return p;

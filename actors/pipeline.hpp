@@ -27,6 +27,7 @@ struct pipeline_options {
 
 struct pipeline {
   caf::actor kv, shard, admission, engine;
+  std::shared_ptr<admission_gate> gate;  // admission's decisions (for the intake's refusals)
 };
 
 pipeline spawn_pipeline(caf::actor_system& sys, const pipeline_options& options);

@@ -95,7 +95,7 @@ std::unique_ptr<runtime> runtime::start(const runtime_config& config) {
           m->be = make_backend(*m);
           const pipeline_options po = make_pipeline_options(m->cfg, m->lim, m->be);
           m->actors = spawn_pipeline(sys, po);
-          m->entry = std::make_unique<intake>(sys, m->cfg, m->lim, m->lm, m->actors.admission, m->actors.engine, door_capacity(m->cfg, po));
+          m->entry = std::make_unique<intake>(sys, m->cfg, m->lim, m->lm, m->actors, door_capacity(m->cfg, po));
         } catch (...) {
           m->experts.reset();  // its shards must stop before the system can go
           throw;

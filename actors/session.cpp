@@ -62,12 +62,8 @@ std::string build_prompt(session_state& st, std::vector<token_id>& ids) {
   const request& r = st.o.req;
   const int forms = !r.messages.empty() + !r.prompt.empty() + !r.prompt_tokens.empty();
   if (forms != 1) return "give exactly one of messages, prompt or prompt_tokens";
-  if (!r.prompt_tokens.empty()) {
+  if (!r.prompt_tokens.empty()) {  // checked by check_request
     ids.assign(r.prompt_tokens.begin(), r.prompt_tokens.end());
-    const int32_t vocab = st.o.lm ? st.o.lm->config().n_vocab : INT32_MAX;
-    for (token_id t : ids) {
-      if (t < 0 || t >= vocab) return fmt::format("prompt token {} is outside the vocabulary (0..{})", t, vocab - 1);
-    }
     return {};
   }
   if (!st.o.lm) return "this backend has no tokenizer: send the prompt as token ids";
@@ -95,32 +91,16 @@ bool start(self_ptr self) {
   st.start_ns = now_ns(self);
   const request& r = st.o.req;
   std::vector<token_id> prompt;
-  std::string error = build_prompt(st, prompt);
-  const int32_t max_tokens = r.max_tokens > 0 ? r.max_tokens : st.o.default_max_tokens;
-  if (error.empty() && r.max_tokens < 0) error = "max_tokens must be positive";
-  if (error.empty() && !(r.sampling.temperature >= 0.0f && r.sampling.temperature <= 100.0f))
-    error = "temperature must be a number in [0, 100]";
-  if (error.empty() && !(r.sampling.top_p > 0.0f && r.sampling.top_p <= 1.0f)) error = "top_p must be in (0, 1]";
-  if (error.empty() && r.sampling.top_k < 0) error = "top_k must be 0 or positive";
-  if (error.empty() && !st.o.lm && !r.stop.empty()) error = "stop sequences need a tokenizer; this backend has none";
-  if (!error.empty()) {
+  if (std::string error = build_prompt(st, prompt); !error.empty()) {
     finish(self, base_outcome(self, outcome_kind::rejected, "invalid", error), false);
     return false;
   }
   st.prompt_tokens = static_cast<int32_t>(prompt.size());
-  const int32_t limit = std::min(st.o.max_prompt_tokens > 0 ? st.o.max_prompt_tokens : INT32_MAX, st.o.max_context - 1);
-  if (st.prompt_tokens > limit) {
-    finish(self, base_outcome(self, outcome_kind::rejected, "prompt_too_long",
-                              fmt::format("the prompt has {} tokens; at most {} are accepted. Split it into "
-                                          "smaller requests", st.prompt_tokens, limit)), false);
+  if (auto problem = check_request(r, st.o.lm.get(), st.prompt_tokens, st.o.limits)) {
+    finish(self, base_outcome(self, outcome_kind::rejected, problem->reason, std::move(problem->message)), false);
     return false;
   }
-  if (int64_t{st.prompt_tokens} + max_tokens > st.o.max_context) {
-    finish(self, base_outcome(self, outcome_kind::rejected, "invalid",
-                              fmt::format("prompt ({} tokens) plus max_tokens ({}) exceeds the context of {} "
-                                          "tokens; lower max_tokens", st.prompt_tokens, max_tokens, st.o.max_context)), false);
-    return false;
-  }
+  const int32_t max_tokens = effective_max_tokens(r, st.o.limits);
   if (st.o.lm) st.stopper = std::make_unique<text_stopper>(st.o.lm->tok(), st.stop_tokens, r.stop);
 
   generate_msg m(static_cast<unsigned>(64 + prompt.size() / 2));

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 
+#include "actors/request_checks.hpp"
 #include "tireless/runtime.hpp"
 
 namespace tireless {
@@ -51,9 +52,7 @@ struct session_options {
   std::shared_ptr<const model> lm;  // null on the sim backend: token ids only
   std::string tenant, tier;
   int32_t tier_priority = 0;
-  int32_t max_context = 0;
-  int32_t max_prompt_tokens = 0;
-  int32_t default_max_tokens = 256;
+  request_limits limits;
   caf::actor admission;
   caf::actor engine;  // watched: if it or admission stops, the request fails instead of hanging
 };

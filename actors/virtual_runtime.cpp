@@ -51,7 +51,7 @@ virtual_runtime::virtual_runtime(const runtime_config& config) : impl_(std::make
   m.start = m.sched->clock().now();
   const pipeline_options po = make_pipeline_options(m.cfg, m.lim, m.be);
   m.actors = spawn_pipeline(*m.sys, po);
-  m.entry = std::make_unique<intake>(*m.sys, m.cfg, m.lim, nullptr, m.actors.admission, m.actors.engine, door_capacity(m.cfg, po));
+  m.entry = std::make_unique<intake>(*m.sys, m.cfg, m.lim, nullptr, m.actors, door_capacity(m.cfg, po));
   m.sched->run();
 }
 

@@ -4,6 +4,16 @@
 
 namespace tireless {
 
+proto::Rejection::Reason to_wire(refusal r) {
+  switch (r) {
+    case refusal::overloaded: return proto::Rejection::Reason::OVERLOADED;
+    case refusal::quota_exceeded: return proto::Rejection::Reason::QUOTA_EXCEEDED;
+    case refusal::prompt_too_long: return proto::Rejection::Reason::PROMPT_TOO_LONG;
+    case refusal::invalid: return proto::Rejection::Reason::INVALID;
+  }
+  return proto::Rejection::Reason::OVERLOADED;
+}
+
 namespace {
 
 template <class List, class Values>

@@ -8,6 +8,7 @@
 #include "gpu/backend.hpp"
 #include "protocol/owned.hpp"
 #include "protocol/runtime.capnp.h"
+#include "scheduler/admission_control.hpp"
 #include "scheduler/kv_plan.hpp"
 
 namespace tireless {
@@ -16,6 +17,8 @@ owned<proto::KvRequest> to_wire(const kv_request& r);
 kv_request from_wire(proto::KvRequest::Reader r);
 owned<proto::KvReply> to_wire(const kv_reply& r);
 kv_reply from_wire(proto::KvReply::Reader r);
+
+proto::Rejection::Reason to_wire(refusal r);
 
 void set_sampling(proto::Sampling::Builder b, const sampling_params& p);
 sampling_params sampling_of(proto::Sampling::Reader r);

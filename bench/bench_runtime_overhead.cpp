@@ -198,7 +198,7 @@ actor_run run_actors(const setup& s, bool simulated_shard) {
   pipeline_options po = make_pipeline_options(cfg, lim, std::make_shared<sim::sim_backend>(profile));
   po.shard.simulated = simulated_shard;
   const pipeline p = spawn_pipeline(sys, po);
-  intake entry(sys, cfg, lim, nullptr, p.admission, p.engine, door_capacity(cfg, po));
+  intake entry(sys, cfg, lim, nullptr, p, door_capacity(cfg, po));
 
   std::atomic<int64_t> tokens{0}, outcomes{0};
   for (int i = 0; i < s.n; ++i) {

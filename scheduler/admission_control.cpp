@@ -152,10 +152,13 @@ std::optional<admission_decision> admission_control::check_quotas(tenant_state& 
   return std::nullopt;
 }
 
-admission_decision admission_control::arrive(const arrival& a) {
+// The policy's decision for a request arriving now; nothing is queued (a refusal's retry
+// promise is recorded).
+admission_decision admission_control::decide(const arrival& a) {
   tier_state& tier = tier_of(a.tier);
   const tier_settings& ts = *tier.settings;
   admission_decision d;
+  d.admitted = true;
   d.max_tokens = a.max_tokens;
   d.priority = kind_ == admission_policy::fcfs ? 0 : ts.priority;
   tenant_state* tenant = &tenant_of(a.tenant);
@@ -199,6 +202,21 @@ admission_decision admission_control::arrive(const arrival& a) {
                   fmt::format("tier '{}' has {} requests waiting, its limit", ts.name, tier.queued),
                   retry_hint_ms(ts, a, 0.0));
   }
+  return d;
+}
+
+std::optional<admission_decision> admission_control::refusal(const arrival& a) {
+  admission_decision d = decide(a);
+  if (d.admitted) return std::nullopt;
+  return d;
+}
+
+admission_decision admission_control::arrive(const arrival& a) {
+  admission_decision d = decide(a);
+  if (!d.admitted) return d;
+  tier_state& tier = tier_of(a.tier);
+  const tier_settings& ts = *tier.settings;
+  tenant_state* tenant = &tenant_of(a.tenant);
   holding h;
   h.q = {a.id, a.tenant, ts.name, a.prompt_tokens, d.max_tokens, a.now_ns};
   ++tenant->concurrent;
@@ -218,7 +236,6 @@ admission_decision admission_control::arrive(const arrival& a) {
   ++tier.queued;
   tier.queued_prompt_tokens += a.prompt_tokens;
   held_.emplace(a.id, std::move(h));
-  d.admitted = true;
   return d;
 }
 

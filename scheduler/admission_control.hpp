@@ -74,7 +74,11 @@ class admission_control {
   admission_control(admission_policy kind, const admission_settings& settings,
                    std::vector<tier_settings> tiers, std::vector<tenant_settings> tenants);
 
+  // Refuses the request, or queues it (admitted).
   admission_decision arrive(const arrival& a);
+  // The refusal arrive(a) would give now, or nothing when it would queue the request. Nothing
+  // is queued; a refusal's retry hint is promised as arrive's is (see promised_).
+  std::optional<admission_decision> refusal(const arrival& a);
   // The next request for the engine, in policy order (removed from its queue).
   std::optional<queued_request> next();
   // The engine priority of the request next() would return, if any.
@@ -120,6 +124,7 @@ class admission_control {
     bool queued = true;
   };
 
+  admission_decision decide(const arrival& a);
   std::optional<admission_decision> check_quotas(tenant_state& t, const arrival& a, int32_t max_tokens);
   int64_t retry_hint_ms(const tier_settings& tier, const arrival& a, double target_seconds);
   tenant_state& tenant_of(const std::string& name);

@@ -105,9 +105,7 @@ class sim_harness {
     so.tenant = "t";
     so.tier = o_.tiers[tier].name;
     so.tier_priority = o_.tiers[tier].priority;
-    so.max_context = o_.max_context;
-    so.max_prompt_tokens = o_.max_context - 1;
-    so.default_max_tokens = 16;
+    so.limits = {o_.max_context, o_.max_context - 1, 16};
     so.admission = pipeline_.admission;
     sessions_[id] = spawn_session(*sys_, std::move(so));
     return id;

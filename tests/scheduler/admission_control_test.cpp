@@ -255,5 +255,35 @@ TEST(admission_control, priority_policy_bounds_queues_but_does_not_predict) {
   EXPECT_EQ(d.reason, refusal::overloaded);
 }
 
+// refusal() is arrive() without the queueing: it refuses exactly what arrive refuses, with
+// the same reason and message, and queues nothing either way.
+TEST(admission_control, refusal_refuses_what_arrive_would_and_queues_nothing) {
+  tier_settings bounded = tier("bounded", 2, 60000ms, false);
+  bounded.queue_bound = 2;
+  const tier_settings shed = tier("shed", 1, 1000ms);
+  admission_control c(admission_policy::tireless, {}, {bounded, shed}, {});
+  c.observe(busy_engine(0));
+  EXPECT_FALSE(c.refusal({1, "", "bounded", 100, 100, 0}).has_value());
+  EXPECT_EQ(c.queued(), 0);
+  ASSERT_TRUE(arrive(c, 1, "", "bounded", 0).admitted);
+  ASSERT_TRUE(arrive(c, 2, "", "bounded", 0).admitted);
+  const std::optional<admission_decision> full = c.refusal({3, "", "bounded", 100, 100, 0});
+  ASSERT_TRUE(full.has_value());
+  EXPECT_EQ(full->reason, refusal::overloaded);
+  EXPECT_GT(full->retry_after_ms, 0);
+  EXPECT_EQ(c.queued(), 2);
+  EXPECT_EQ(arrive(c, 4, "", "bounded", 0).message, full->message);
+
+  // A sheddable tier's prediction: at ~0.5 s predicted it is taken, at 2 s it is refused.
+  EXPECT_FALSE(c.refusal({5, "", "shed", 100, 100, 0}).has_value());
+  c.observe(busy_engine(1500));
+  const std::optional<admission_decision> late = c.refusal({6, "", "shed", 100, 100, 0});
+  ASSERT_TRUE(late.has_value());
+  const admission_decision by_arrive = arrive(c, 7, "", "shed", 0);
+  EXPECT_FALSE(by_arrive.admitted);
+  EXPECT_EQ(by_arrive.reason, late->reason);
+  EXPECT_EQ(c.queued(), 2);
+}
+
 }  // namespace
 }  // namespace tireless

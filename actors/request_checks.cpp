@@ -1,0 +1,39 @@
+#include "actors/request_checks.hpp"
+
+#include <algorithm>
+#include <climits>
+
+#include <fmt/format.h>
+
+#include "model/model.hpp"
+
+namespace tireless {
+
+std::optional<request_problem> check_request(const request& r, const model* lm, int32_t prompt_tokens,
+                                             const request_limits& lim) {
+  auto invalid = [](std::string message) { return request_problem{"invalid", std::move(message)}; };
+  const int32_t vocab = lm ? lm->config().n_vocab : INT32_MAX;
+  for (int32_t t : r.prompt_tokens) {
+    if (t < 0 || t >= vocab) return invalid(fmt::format("prompt token {} is outside the vocabulary (0..{})", t, vocab - 1));
+  }
+  if (r.max_tokens < 0) return invalid("max_tokens must be positive");
+  if (!(r.sampling.temperature >= 0.0f && r.sampling.temperature <= 100.0f))
+    return invalid("temperature must be a number in [0, 100]");
+  if (!(r.sampling.top_p > 0.0f && r.sampling.top_p <= 1.0f)) return invalid("top_p must be in (0, 1]");
+  if (r.sampling.top_k < 0) return invalid("top_k must be 0 or positive");
+  if (!lm && !r.stop.empty()) return invalid("stop sequences need a tokenizer; this backend has none");
+  const int32_t limit = std::min(lim.max_prompt_tokens > 0 ? lim.max_prompt_tokens : INT32_MAX, lim.max_context - 1);
+  if (prompt_tokens > limit) {
+    return request_problem{"prompt_too_long",
+                           fmt::format("the prompt has {} tokens; at most {} are accepted. Split it into smaller "
+                                       "requests", prompt_tokens, limit)};
+  }
+  const int32_t max_tokens = effective_max_tokens(r, lim);
+  if (int64_t{prompt_tokens} + max_tokens > lim.max_context) {
+    return invalid(fmt::format("prompt ({} tokens) plus max_tokens ({}) exceeds the context of {} tokens; lower "
+                               "max_tokens", prompt_tokens, max_tokens, lim.max_context));
+  }
+  return std::nullopt;
+}
+
+}  // namespace tireless
