@@ -58,11 +58,21 @@ sheddable = false
 name = "bench"
 keys = ["sk-bench"]
 tier = "premium"
+# A tenant over its request-rate quota: the policy refuses every request it sends
+# (quota_exceeded, with the exact wait), at zero step cost.
+[[tenants]]
+name = "capped"
+keys = ["sk-capped"]
+tier = "premium"
+requests_per_minute = 1
 EOF
 
-# Every request overloaded: the engine runs one sequence at a time (max_step_seqs = 1) on
-# the slow cpu-smollm2 profile, the tier holds one waiting request (queue_bound = 1), and
-# bench_rpc --hold keeps long generations of another tenant of the tier running and waiting.
+# Every request refused by the admission policy: long generations of a higher tier (bench_rpc
+# --hold, tenant "holder") keep the engine busy on the slow cpu-smollm2 profile, and the bench
+# tenant's tier sheds (sheddable) every request whose predicted time to first token misses its
+# 1 ms target, i.e. all of them: Mooncake-style early rejection, decided with the engine's
+# measured step times, each with a retry hint. (A full tier queue held by long generations of
+# the same tier, as before, let a bench request in whenever the engine took a queued holder.)
 cat > "$tmp/overload.toml" <<'EOF'
 [server]
 listen = "127.0.0.1:0"
@@ -81,12 +91,17 @@ max_step_seqs = 1
 policy = "tireless"
 default_max_tokens = 16
 [[tiers]]
-name = "bulk"
-priority = 1
+name = "hold"
+priority = 2
 ttft_ms = 60000
 tpot_ms = 1000
-queue_bound = 1
 sheddable = false
+[[tiers]]
+name = "bulk"
+priority = 1
+ttft_ms = 1
+tpot_ms = 1000
+sheddable = true
 [[tenants]]
 name = "bench"
 keys = ["sk-bench"]
@@ -94,7 +109,7 @@ tier = "bulk"
 [[tenants]]
 name = "holder"
 keys = ["sk-holder"]
-tier = "bulk"
+tier = "hold"
 EOF
 
 start_server() {
@@ -183,21 +198,30 @@ row "unauthenticated, saturated" --key sk-unknown --expect rejected:unauthentica
 # client threads, three busy threads share two cores and the tail is the OS's time slices).
 row "unauthenticated, 1 client core" --key sk-unknown --expect rejected:unauthenticated --threads 1 --connections 4 --inflight 4
 row "unauthenticated, 1 client core" --key sk-unknown --expect rejected:unauthenticated --threads 1 --connections 4 --inflight 8
+row "over quota, 1 client core" --key sk-capped --expect rejected:quota_exceeded --threads 1 --connections 4 --inflight 4
+row "over quota, 1 client core" --key sk-capped --expect rejected:quota_exceeded --threads 1 --connections 4 --inflight 8
 if [ "${PROFILE:-0}" = 1 ]; then
   profile "unauthenticated" --key sk-unknown --expect rejected:unauthenticated --threads 2 --connections 4 --inflight 4
 fi
 stop_server
 start_server "$tmp/overload.toml"
-hold=(--hold 4 --hold-key sk-holder --hold-max-tokens 8000)
+hold=(--hold 2 --hold-key sk-holder --hold-max-tokens 8000)
 row "overloaded, 1 in flight" --key sk-bench --expect rejected:overloaded --threads 1 --connections 1 --inflight 1 "${hold[@]}"
 row "overloaded, moderate" --key sk-bench --expect rejected:overloaded --threads 2 --connections 2 --inflight 2 "${hold[@]}"
 row "overloaded, 32 in flight" --key sk-bench --expect rejected:overloaded --threads 2 --connections 4 --inflight 4 "${hold[@]}"
 row "overloaded, saturated" --key sk-bench --expect rejected:overloaded --threads 2 --connections 4 --inflight 16 "${hold[@]}"
 row "overloaded, 1 client core" --key sk-bench --expect rejected:overloaded --threads 1 --connections 4 --inflight 4 "${hold[@]}"
 row "overloaded, 1 client core" --key sk-bench --expect rejected:overloaded --threads 1 --connections 2 --inflight 16 "${hold[@]}"
+# The same shapes refused at the door while the engine runs: what the engine's own activity
+# (its steps, the holders' token streams) costs the refusals' tail on 2 shared cores.
+row "unauthenticated, engine busy" --key sk-unknown --expect rejected:unauthenticated --threads 1 --connections 4 --inflight 4 "${hold[@]}"
+row "unauthenticated, engine busy" --key sk-unknown --expect rejected:unauthenticated --threads 1 --connections 2 --inflight 16 "${hold[@]}"
 if [ "${PROFILE:-0}" = 1 ]; then
   profile "overloaded" --key sk-bench --expect rejected:overloaded --threads 2 --connections 4 --inflight 4 "${hold[@]}"
 fi
 stop_server
 echo
 echo "Bar: at least 20,000 refusals/s with p99 under 5 ms on 2 cores (client and server share them here)."
+echo "Refusals: unauthenticated at the door; over quota and overloaded by the admission policy, decided on"
+echo "the RPC thread (scheduler/admission_gate.hpp). Zero step cost: the first server (sim profile \"zero\");"
+echo "engine busy: the second (cpu-smollm2 profile, 2 long generations of a higher tier running and waiting)."
