@@ -55,10 +55,11 @@ class intake {
 
  private:
   void done(const outcome& o, bool entered);
-  // The policy's refusal of a request whose prompt's length is known without tokenizing
-  // (token ids), decided on the caller's thread (see admission_gate); nothing otherwise.
+  // The policy's refusal of a request, decided on the caller's thread (see admission_gate);
+  // nothing when the policy takes it in, or leaves the decision to the admission actor. A text
+  // prompt it tokenized on the way is left in `prepared`.
   std::optional<admission_decision> refuse_at_once(uint64_t id, const request& r, const std::string& tenant,
-                                                   const tier_settings& tier);
+                                                   const tier_settings& tier, std::optional<prepared_prompt>& prepared);
 
   caf::actor spawner_;  // sessions are spawned on its thread
   const runtime_config& config_;

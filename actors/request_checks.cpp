@@ -9,6 +9,32 @@
 
 namespace tireless {
 
+std::string prepare_prompt(const request& r, const model* lm, prepared_prompt& out) {
+  const int forms = !r.messages.empty() + !r.prompt.empty() + !r.prompt_tokens.empty();
+  if (forms != 1) return "give exactly one of messages, prompt or prompt_tokens";
+  if (!r.prompt_tokens.empty()) {  // checked by check_request
+    out.ids.assign(r.prompt_tokens.begin(), r.prompt_tokens.end());
+    return {};
+  }
+  if (!lm) return "this backend has no tokenizer: send the prompt as token ids";
+  std::string text = r.prompt;
+  if (!r.messages.empty()) {
+    std::vector<chat_message> chat;
+    for (const message& m : r.messages) {
+      if (m.role != "system" && m.role != "user" && m.role != "assistant")
+        return fmt::format("message role '{}' is not one of system, user, assistant", m.role);
+      chat.push_back({m.role, m.content});
+    }
+    text = lm->chat().apply(chat, true);
+    out.stop_tokens = lm->chat().stop_tokens();
+  } else if (auto eos = lm->tok().eos()) {
+    out.stop_tokens = {*eos};
+  }
+  out.ids = lm->tok().encode(text, !r.messages.empty());
+  if (out.ids.empty()) return "the prompt is empty";
+  return {};
+}
+
 std::optional<request_problem> check_request(const request& r, const model* lm, int32_t prompt_tokens,
                                              const request_limits& lim) {
   auto invalid = [](std::string message) { return request_problem{"invalid", std::move(message)}; };

@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "model/tokenizer.hpp"
 #include "tireless/runtime.hpp"
 
 namespace tireless {
@@ -29,6 +31,17 @@ struct request_problem {
 inline int32_t effective_max_tokens(const request& r, const request_limits& lim) {
   return r.max_tokens > 0 ? r.max_tokens : lim.default_max_tokens;
 }
+
+// A request's prompt as the engine takes it: token ids (the chat template applied), and the
+// tokens that end its generation (the template's end of turn, or the end of text).
+struct prepared_prompt {
+  std::vector<token_id> ids;
+  std::vector<token_id> stop_tokens;
+};
+
+// Tokenizes `r`'s prompt into `out`; returns what is wrong with it (empty when nothing is).
+// `lm` null: token ids are the only form taken.
+std::string prepare_prompt(const request& r, const model* lm, prepared_prompt& out);
 
 // What is wrong with `r`, whose prompt has `prompt_tokens` tokens; nothing when it may go on.
 // `lm` null: a backend without a tokenizer (token ids only).

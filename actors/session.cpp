@@ -57,44 +57,20 @@ void finish(self_ptr self, outcome o, bool cancel_downstream) {
   self->quit();
 }
 
-// The prompt as token ids, or a rejection message.
-std::string build_prompt(session_state& st, std::vector<token_id>& ids) {
-  const request& r = st.o.req;
-  const int forms = !r.messages.empty() + !r.prompt.empty() + !r.prompt_tokens.empty();
-  if (forms != 1) return "give exactly one of messages, prompt or prompt_tokens";
-  if (!r.prompt_tokens.empty()) {  // checked by check_request
-    ids.assign(r.prompt_tokens.begin(), r.prompt_tokens.end());
-    return {};
-  }
-  if (!st.o.lm) return "this backend has no tokenizer: send the prompt as token ids";
-  std::string text = r.prompt;
-  if (!r.messages.empty()) {
-    std::vector<chat_message> chat;
-    for (const message& m : r.messages) {
-      if (m.role != "system" && m.role != "user" && m.role != "assistant")
-        return fmt::format("message role '{}' is not one of system, user, assistant", m.role);
-      chat.push_back({m.role, m.content});
-    }
-    text = st.o.lm->chat().apply(chat, true);
-    st.stop_tokens = st.o.lm->chat().stop_tokens();
-  } else if (auto eos = st.o.lm->tok().eos()) {
-    st.stop_tokens = {*eos};
-  }
-  ids = st.o.lm->tok().encode(text, !r.messages.empty());
-  if (ids.empty()) return "the prompt is empty";
-  return {};
-}
-
 // Checks the request and sends it to admission; false when it was refused here.
 bool start(self_ptr self) {
   auto& st = self->state;
   st.start_ns = now_ns(self);
   const request& r = st.o.req;
-  std::vector<token_id> prompt;
-  if (std::string error = build_prompt(st, prompt); !error.empty()) {
+  prepared_prompt prepared;
+  if (st.o.prepared) {  // tokenized by the intake already
+    prepared = std::move(*st.o.prepared);
+  } else if (std::string error = prepare_prompt(r, st.o.lm.get(), prepared); !error.empty()) {
     finish(self, base_outcome(self, outcome_kind::rejected, "invalid", error), false);
     return false;
   }
+  const std::vector<token_id>& prompt = prepared.ids;
+  st.stop_tokens = std::move(prepared.stop_tokens);
   st.prompt_tokens = static_cast<int32_t>(prompt.size());
   if (auto problem = check_request(r, st.o.lm.get(), st.prompt_tokens, st.o.limits)) {
     finish(self, base_outcome(self, outcome_kind::rejected, problem->reason, std::move(problem->message)), false);

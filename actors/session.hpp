@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include "actors/request_checks.hpp"
 #include "tireless/runtime.hpp"
@@ -53,6 +54,7 @@ struct session_options {
   std::string tenant, tier;
   int32_t tier_priority = 0;
   request_limits limits;
+  std::optional<prepared_prompt> prepared;  // the prompt, if the intake tokenized it already
   caf::actor admission;
   caf::actor engine;  // watched: if it or admission stops, the request fails instead of hanging
 };

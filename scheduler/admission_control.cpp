@@ -110,6 +110,7 @@ double admission_control::predicted_ttft(const std::string& tier, int32_t prompt
 // How long a refused request should wait: until the work ahead of it, including the work of
 // clients refused before it and told to come back earlier, would leave it within target.
 int64_t admission_control::retry_hint_ms(const tier_settings& tier, const arrival& a, double target_seconds) {
+  if (!promising_) return 0;  // would_refuse asks: no hint is given, nothing promised
   // Promises whose time passed are settled: the client is back (its work is queued) or gone.
   while (!promised_.empty() && promised_.begin()->first < a.now_ns) {
     promised_tokens_ -= promised_.begin()->second;
@@ -209,6 +210,13 @@ std::optional<admission_decision> admission_control::refusal(const arrival& a) {
   admission_decision d = decide(a);
   if (d.admitted) return std::nullopt;
   return d;
+}
+
+bool admission_control::would_refuse(const arrival& a) {
+  promising_ = false;
+  const bool refused = !decide(a).admitted;
+  promising_ = true;
+  return refused;
 }
 
 admission_decision admission_control::arrive(const arrival& a) {

@@ -79,6 +79,8 @@ class admission_control {
   // The refusal arrive(a) would give now, or nothing when it would queue the request. Nothing
   // is queued; a refusal's retry hint is promised as arrive's is (see promised_).
   std::optional<admission_decision> refusal(const arrival& a);
+  // Whether arrive(a) would refuse now; nothing is queued or promised.
+  bool would_refuse(const arrival& a);
   // The next request for the engine, in policy order (removed from its queue).
   std::optional<queued_request> next();
   // The engine priority of the request next() would return, if any.
@@ -147,6 +149,7 @@ class admission_control {
   // staggered and a herd of refused clients does not return at once into the same wall.
   std::multimap<int64_t, int32_t> promised_;  // retry time → prompt tokens
   double promised_tokens_ = 0;                // their sum
+  bool promising_ = true;                     // false while would_refuse asks
   engine_load load_;
 };
 

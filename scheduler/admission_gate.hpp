@@ -33,6 +33,12 @@ class admission_gate {
     if (!lock.owns_lock()) return std::nullopt;
     return control_.refusal(a);
   }
+  // Whether the policy would refuse `a` now (nothing promised), if the lock is free; for
+  // deciding whether the work of counting a prompt's tokens on this thread is likely to pay.
+  bool would_refuse(const arrival& a) {
+    std::unique_lock lock(mu_, std::try_to_lock);
+    return lock.owns_lock() && control_.would_refuse(a);
+  }
 
  private:
   std::mutex mu_;

@@ -3,7 +3,9 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <future>
 #include <map>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -191,6 +193,52 @@ TEST_F(runtime_model, bad_requests_are_refused_with_a_reason_and_nothing_is_lost
   const runtime_stats s = rt->stats();
   EXPECT_EQ(s.live_requests, 0);
   EXPECT_EQ(s.kv_blocks_free, s.kv_blocks_total);
+}
+
+// A chat request the policy refuses is tokenized and refused on the submitting thread (no
+// session, no actor message) when its text is short; a long one is refused by its session; a
+// bad one still hears what is wrong with it.
+TEST_F(runtime_model, chat_requests_over_a_quota_are_refused_on_the_submitting_thread) {
+  auto rt = runtime::start(config(R"(
+[[tenants]]
+name = "c"
+keys = ["key-c"]
+tier = "free"
+requests_per_minute = 1
+)", 0, true, 2048));
+  const outcome first = rt->generate(chat("Say hi.", 1, "key-c")).get();
+  ASSERT_EQ(first.kind, outcome_kind::completed) << first.reason << ": " << first.message;
+
+  const std::thread::id submitter = std::this_thread::get_id();
+  constexpr int n = 20;
+  std::atomic<int> quota{0}, here{0}, other{0};
+  std::vector<std::future<outcome>> waits;
+  for (int i = 0; i < n; ++i) {
+    auto done = std::make_shared<std::promise<outcome>>();
+    waits.push_back(done->get_future());
+    rt->submit(chat(questions[i % questions.size()], 8, "key-c"), nullptr, [&, done](const outcome& o) {
+      if (std::this_thread::get_id() == submitter) ++here;
+      if (o.kind == outcome_kind::rejected && o.reason == "quota_exceeded" && o.retry_after_ms > 0) {
+        ++quota;
+      } else {
+        ++other;
+      }
+      done->set_value(o);
+    });
+  }
+  for (auto& w : waits) w.get();
+  EXPECT_EQ(quota.load(), n);
+  EXPECT_EQ(other.load(), 0);
+  EXPECT_GE(here.load(), n / 2) << "short chat prompts the policy refuses should be refused without a session";
+
+  std::string long_text;
+  while (long_text.size() < 5000) long_text += " hello";
+  const outcome long_one = rt->generate(chat(long_text, 8, "key-c")).get();
+  EXPECT_EQ(long_one.reason, "quota_exceeded") << long_one.message;
+  request bad = chat("Hello", 8, "key-c");
+  bad.messages[0].role = "robot";
+  const outcome refused_bad = rt->generate(bad).get();
+  EXPECT_EQ(refused_bad.reason, "invalid") << refused_bad.message;
 }
 
 TEST_F(runtime_model, cancel_stop_strings_and_timeouts_each_end_a_request_once) {

@@ -285,5 +285,29 @@ TEST(admission_control, refusal_refuses_what_arrive_would_and_queues_nothing) {
   EXPECT_EQ(c.queued(), 2);
 }
 
+// would_refuse asks without promising: the retry hints given afterwards are those given
+// without the questions (each hint given is a promise that staggers the next ones).
+TEST(admission_control, would_refuse_promises_nothing) {
+  const tier_settings shed = tier("shed", 1, 100ms);
+  admission_control asked(admission_policy::tireless, {}, {shed}, {});
+  admission_control quiet(admission_policy::tireless, {}, {shed}, {});
+  asked.observe(busy_engine(5000));
+  quiet.observe(busy_engine(5000));
+  for (int i = 0; i < 50; ++i) EXPECT_TRUE(asked.would_refuse({100u + i, "", "shed", 600, 100, 0}));
+  for (uint64_t id = 1; id <= 3; ++id) {
+    const auto a = asked.refusal({id, "", "shed", 400, 100, 0});
+    const auto q = quiet.refusal({id, "", "shed", 400, 100, 0});
+    ASSERT_TRUE(a && q);
+    EXPECT_EQ(a->retry_after_ms, q->retry_after_ms);
+  }
+  // And hints are staggered by what was promised before (the check above can fail).
+  const auto later = quiet.refusal({4, "", "shed", 400, 100, 0});
+  const auto fresh = admission_control(admission_policy::tireless, {}, {shed}, {}).refusal({4, "", "shed", 400, 100, 0});
+  EXPECT_FALSE(fresh.has_value()) << "an engine with nothing observed predicts no wait";
+  ASSERT_TRUE(later.has_value());
+  EXPECT_GT(later->retry_after_ms, 100);
+  EXPECT_EQ(asked.queued(), 0);
+}
+
 }  // namespace
 }  // namespace tireless
