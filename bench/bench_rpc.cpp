@@ -45,6 +45,7 @@ struct bench_options {
   double seconds = 5.0;
   double warmup = 1.0;
   int prompt_tokens = 4;
+  std::string chat;  // non-empty: the measured requests are this one user message (text)
   int max_tokens = 1;
   std::string expect = "completed";  // an outcome kind, "rejected" or "rejected:REASON"
   std::string label;
@@ -185,6 +186,11 @@ void run_thread(const bench_options& o, window w, bool with_holds, thread_result
   capnp::MallocMessageBuilder templates(64);
   auto request = templates.initRoot<rpc::GenerateRequest>();
   fill_request(request, o.key, o.prompt_tokens, o.max_tokens);
+  if (!o.chat.empty()) {
+    auto messages = request.getInput().initMessages(1);
+    messages[0].setRole("user");
+    messages[0].setContent(o.chat);
+  }
 
   // Long generations that keep the server busy; dropped (cancelled) when the window closes.
   thread_result hold_result;
@@ -312,6 +318,7 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", o.warmup, "seconds before the window")->capture_default_str();
   app.add_option("--prompt-tokens", o.prompt_tokens)->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--max-tokens", o.max_tokens)->capture_default_str();
+  app.add_option("--chat", o.chat, "send this user message (text, tokenized by the server) instead of token ids");
   app.add_option("--expect", o.expect, "completed, rejected or rejected:REASON; others are counted apart")->capture_default_str();
   app.add_option("--label", o.label, "the row's name");
   app.add_option("--hold", o.hold, "long generations kept running meanwhile")->capture_default_str();

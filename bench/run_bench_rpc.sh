@@ -220,6 +220,17 @@ if [ "${PROFILE:-0}" = 1 ]; then
   profile "overloaded" --key sk-bench --expect rejected:overloaded --threads 2 --connections 4 --inflight 4 "${hold[@]}"
 fi
 stop_server
+# The real model (config/tireless.toml, SmolLM2 on the cpu backend) and a tenant over its quota
+# sending a short chat message as text: the server tokenizes it (chat template) to decide.
+if [ -f "$HOME/.cache/tireless/models/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
+  { cat "$here/config/tireless.toml"; printf '\n[[tenants]]\nname = "capped"\nkeys = ["sk-capped"]\ntier = "free"\nrequests_per_minute = 1\n'; } > "$tmp/real.toml"
+  sed -i 's/^log_level = .*/log_level = "warn"/' "$tmp/real.toml"
+  start_server "$tmp/real.toml"
+  question=(--chat "What is the capital of Italy? Answer in one word.")
+  row "real model: over quota, chat" --key sk-capped --expect rejected:quota_exceeded --threads 1 --connections 4 --inflight 4 "${question[@]}"
+  row "real model: unauthenticated" --key sk-unknown --expect rejected:unauthenticated --threads 1 --connections 4 --inflight 4 "${question[@]}"
+  stop_server
+fi
 echo
 echo "Bar: at least 20,000 refusals/s with p99 under 5 ms on 2 cores (client and server share them here)."
 echo "Refusals: unauthenticated at the door; over quota and overloaded by the admission policy, decided on"
