@@ -18,9 +18,6 @@ int64_t now_ns(caf::local_actor* self) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(self->clock().now().time_since_epoch()).count();
 }
 
-
-
-
 struct session_state {
   session_options o;
   std::unique_ptr<text_stopper> stopper;

@@ -109,8 +109,9 @@ double admission_control::predicted_ttft(const std::string& tier, int32_t prompt
 
 // How long a refused request should wait: until the work ahead of it, including the work of
 // clients refused before it and told to come back earlier, would leave it within target.
-int64_t admission_control::retry_hint_ms(const tier_settings& tier, const arrival& a, double target_seconds) {
-  if (!promising_) return 0;  // would_refuse asks: no hint is given, nothing promised
+int64_t admission_control::retry_hint_ms(const tier_settings& tier, const arrival& a, double target_seconds,
+                                         bool promise) {
+  if (!promise) return 0;  // would_refuse asks: no hint is given, nothing promised
   // Promises whose time passed are settled: the client is back (its work is queued) or gone.
   while (!promised_.empty() && promised_.begin()->first < a.now_ns) {
     promised_tokens_ -= promised_.begin()->second;
@@ -153,9 +154,9 @@ std::optional<admission_decision> admission_control::check_quotas(tenant_state& 
   return std::nullopt;
 }
 
-// The policy's decision for a request arriving now; nothing is queued (a refusal's retry
-// promise is recorded).
-admission_decision admission_control::decide(const arrival& a) {
+// The policy's decision for a request arriving now; nothing is queued. A refusal's retry hint
+// is promised (see promised_) when `promise`, else not even computed.
+admission_decision admission_control::decide(const arrival& a, bool promise) {
   tier_state& tier = tier_of(a.tier);
   const tier_settings& ts = *tier.settings;
   admission_decision d;
@@ -174,14 +175,14 @@ admission_decision admission_control::decide(const arrival& a) {
                     fmt::format("tier '{}' is shedding load (pressure {:.2f}): the predicted time to first "
                                 "token is {:.1f} s against a target of {:.1f} s",
                                 ts.name, pressure, ttft, target),
-                    retry_hint_ms(ts, a, target));
+                    retry_hint_ms(ts, a, target, promise));
     }
     if (deg.max_prompt_tokens && a.prompt_tokens > *deg.max_prompt_tokens) {
       return refuse(refusal::prompt_too_long,
                     fmt::format("under the current load tier '{}' accepts prompts of at most {} tokens; this "
                                 "one has {}: split it into parts of at most {} tokens, or retry later",
                                 ts.name, *deg.max_prompt_tokens, a.prompt_tokens, *deg.max_prompt_tokens),
-                    retry_hint_ms(ts, a, target));
+                    retry_hint_ms(ts, a, target, promise));
     }
     if (deg.max_tokens && d.max_tokens > *deg.max_tokens) {
       d.degradations.push_back(fmt::format("max_tokens capped from {} to {} (tier {}, pressure {:.2f})",
@@ -189,7 +190,7 @@ admission_decision admission_control::decide(const arrival& a) {
       d.max_tokens = *deg.max_tokens;
     }
     if (ts.sheddable && ttft > target) {
-      const int64_t hint = retry_hint_ms(ts, a, target);
+      const int64_t hint = retry_hint_ms(ts, a, target, promise);
       return refuse(refusal::overloaded,
                     fmt::format("the predicted time to first token, {:.1f} s, misses tier '{}''s target of "
                                 "{:.1f} s; retry in {} ms",
@@ -201,7 +202,7 @@ admission_decision admission_control::decide(const arrival& a) {
   if (kind_ != admission_policy::fcfs && tier.queued >= ts.queue_bound) {
     return refuse(refusal::overloaded,
                   fmt::format("tier '{}' has {} requests waiting, its limit", ts.name, tier.queued),
-                  retry_hint_ms(ts, a, 0.0));
+                  retry_hint_ms(ts, a, 0.0, promise));
   }
   return d;
 }
@@ -212,12 +213,7 @@ std::optional<admission_decision> admission_control::refusal(const arrival& a) {
   return d;
 }
 
-bool admission_control::would_refuse(const arrival& a) {
-  promising_ = false;
-  const bool refused = !decide(a).admitted;
-  promising_ = true;
-  return refused;
-}
+bool admission_control::would_refuse(const arrival& a) { return !decide(a, false).admitted; }
 
 admission_decision admission_control::arrive(const arrival& a) {
   admission_decision d = decide(a);

@@ -126,9 +126,9 @@ class admission_control {
     bool queued = true;
   };
 
-  admission_decision decide(const arrival& a);
+  admission_decision decide(const arrival& a, bool promise = true);
   std::optional<admission_decision> check_quotas(tenant_state& t, const arrival& a, int32_t max_tokens);
-  int64_t retry_hint_ms(const tier_settings& tier, const arrival& a, double target_seconds);
+  int64_t retry_hint_ms(const tier_settings& tier, const arrival& a, double target_seconds, bool promise);
   tenant_state& tenant_of(const std::string& name);
   std::optional<queued_request> next_in_tier(tier_state& t);
   void dequeue(const holding& h);
@@ -149,7 +149,6 @@ class admission_control {
   // staggered and a herd of refused clients does not return at once into the same wall.
   std::multimap<int64_t, int32_t> promised_;  // retry time → prompt tokens
   double promised_tokens_ = 0;                // their sum
-  bool promising_ = true;                     // false while would_refuse asks
   engine_load load_;
 };
 

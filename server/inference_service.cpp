@@ -17,9 +17,6 @@ class log_errors final : public kj::TaskSet::ErrorHandler {
 };
 log_errors task_errors;
 
-
-
-
 outcome invalid(std::string message) {
   outcome o;
   o.kind = outcome_kind::rejected;

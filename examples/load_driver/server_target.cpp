@@ -28,9 +28,6 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-
-
-
 outcome to_outcome(proto::Outcome::Reader o) {
   outcome r;
   r.request_id = o.getRequestId();
