@@ -51,12 +51,6 @@ namespace {
 // session, whose thread tokenizes it.
 constexpr size_t max_text_bytes_tokenized_here = 4096;
 
-size_t text_bytes(const request& r) {
-  size_t n = r.prompt.size();
-  for (const message& m : r.messages) n += m.content.size();
-  return n;
-}
-
 }  // namespace
 
 std::optional<admission_decision> intake::refuse_at_once(uint64_t id, const request& r, const std::string& tenant,
@@ -74,11 +68,11 @@ std::optional<admission_decision> intake::refuse_at_once(uint64_t id, const requ
   } else {
     // Text: its length in tokens is known only once tokenized. That work is done here only
     // when the policy refuses even the shortest prompt of this tier now (nothing promised).
-    if (!lm_ || text_bytes(r) > max_text_bytes_tokenized_here) return std::nullopt;
+    if (!lm_ || prompt_text_bytes(r) > max_text_bytes_tokenized_here) return std::nullopt;
     a.prompt_tokens = 1;
     if (!gate_->would_refuse(a)) return std::nullopt;
     prepared_prompt p;
-    if (!prepare_prompt(r, lm_.get(), p).empty()) return std::nullopt;  // its session says what is wrong
+    if (prepare_prompt(r, lm_.get(), request_limits_, p)) return std::nullopt;  // its session says what is wrong
     a.prompt_tokens = static_cast<int32_t>(p.ids.size());
     prepared = std::move(p);  // if it is let in, its session need not tokenize it again
   }

@@ -50,6 +50,8 @@ class intake {
   intake_counts counts() const;
   // Stops the spawner and lets go of every actor handle (requests are refused from now on).
   void detach();
+  const request_limits& limits() const { return request_limits_; }
+  int64_t door_capacity() const { return door_.capacity(); }
   // The actor that spawns for this intake (see spawner.hpp), for other spawning jobs.
   const caf::actor& spawner() const { return spawner_; }
 

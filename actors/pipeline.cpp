@@ -7,7 +7,7 @@ namespace tireless {
 pipeline spawn_pipeline(caf::actor_system& sys, const pipeline_options& o) {
   pipeline p;
   p.kv = spawn_kv_manager(sys, o.kv);
-  p.shard = spawn_shard_supervisor(sys, o.shard, o.max_shard_restarts);
+  p.shard = spawn_shard_supervisor(sys, o.shard, o.shard_restarts);
   p.gate = make_admission_gate(o.admission);
   p.admission = spawn_admission(sys, p.gate);
   p.engine = spawn_engine(sys, o.engine, p.kv, p.shard, p.admission);
@@ -26,6 +26,13 @@ pipeline_options make_pipeline_options(const runtime_config& c, const resolved_l
   po.engine.step_prior = model->cost_prior();
   po.shard.model = std::move(model);
   po.shard.simulated = c.backend.kind == backend_kind::sim;
+  po.shard.crash_probability = c.faults.shard_crash_per_step;
+  po.shard.slow_probability = c.faults.shard_slow_per_step;
+  po.shard.slow_seconds = std::chrono::duration<double>(c.faults.shard_slow).count();
+  po.shard.slow_factor = c.faults.shard_slow_factor;
+  po.shard.seed = static_cast<uint64_t>(c.faults.seed);
+  po.shard_restarts.max_restarts = c.backend.max_shard_restarts;
+  po.shard_restarts.window = c.backend.shard_restart_window;
   po.admission.policy = c.admission.policy;
   po.admission.settings = c.admission;
   po.admission.tiers = c.tiers;

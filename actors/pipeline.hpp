@@ -22,7 +22,7 @@ struct pipeline_options {
   engine_options engine;
   kv_manager_options kv;
   shard_options shard;
-  int max_shard_restarts = 5;
+  restart_policy shard_restarts;
 };
 
 struct pipeline {

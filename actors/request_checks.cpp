@@ -9,30 +9,44 @@
 
 namespace tireless {
 
-std::string prepare_prompt(const request& r, const model* lm, prepared_prompt& out) {
+size_t prompt_text_bytes(const request& r) {
+  size_t n = r.prompt.size();
+  for (const message& m : r.messages) n += m.content.size();
+  return n;
+}
+
+std::optional<request_problem> prepare_prompt(const request& r, const model* lm, const request_limits& lim,
+                                              prepared_prompt& out) {
+  auto invalid = [](std::string message) { return request_problem{"invalid", std::move(message)}; };
   const int forms = !r.messages.empty() + !r.prompt.empty() + !r.prompt_tokens.empty();
-  if (forms != 1) return "give exactly one of messages, prompt or prompt_tokens";
+  if (forms != 1) return invalid("give exactly one of messages, prompt or prompt_tokens");
   if (!r.prompt_tokens.empty()) {  // checked by check_request
     out.ids.assign(r.prompt_tokens.begin(), r.prompt_tokens.end());
-    return {};
+    return std::nullopt;
   }
-  if (!lm) return "this backend has no tokenizer: send the prompt as token ids";
-  std::string text = r.prompt;
+  if (!lm) return invalid("this backend has no tokenizer: send the prompt as token ids");
+  const int32_t limit_tokens = prompt_token_limit(lim);
+  const size_t limit_bytes = prompt_byte_limit(lim, lm->tok().max_token_bytes());
+  if (const size_t bytes = prompt_text_bytes(r); bytes > limit_bytes) {
+    return prompt_bytes_problem(bytes, limit_bytes, limit_tokens);
+  }
+  // One past the limit is enough to know the prompt is too long (check_request says so).
+  const size_t stop_after = static_cast<size_t>(std::max(limit_tokens, 0)) + 1;
   if (!r.messages.empty()) {
     std::vector<chat_message> chat;
     for (const message& m : r.messages) {
       if (m.role != "system" && m.role != "user" && m.role != "assistant")
-        return fmt::format("message role '{}' is not one of system, user, assistant", m.role);
+        return invalid(fmt::format("message role '{}' is not one of system, user, assistant", m.role));
       chat.push_back({m.role, m.content});
     }
-    text = lm->chat().apply(chat, true);
+    lm->chat().encode(chat, true, lm->tok(), out.ids, stop_after);
     out.stop_tokens = lm->chat().stop_tokens();
-  } else if (auto eos = lm->tok().eos()) {
-    out.stop_tokens = {*eos};
+  } else {
+    lm->tok().encode_into(out.ids, r.prompt, r.parse_special, stop_after);
+    if (auto eos = lm->tok().eos()) out.stop_tokens = {*eos};
   }
-  out.ids = lm->tok().encode(text, !r.messages.empty());
-  if (out.ids.empty()) return "the prompt is empty";
-  return {};
+  if (out.ids.empty()) return invalid("the prompt is empty");
+  return std::nullopt;
 }
 
 std::optional<request_problem> check_request(const request& r, const model* lm, int32_t prompt_tokens,
@@ -48,11 +62,14 @@ std::optional<request_problem> check_request(const request& r, const model* lm, 
   if (!(r.sampling.top_p > 0.0f && r.sampling.top_p <= 1.0f)) return invalid("top_p must be in (0, 1]");
   if (r.sampling.top_k < 0) return invalid("top_k must be 0 or positive");
   if (!lm && !r.stop.empty()) return invalid("stop sequences need a tokenizer; this backend has none");
-  const int32_t limit = std::min(lim.max_prompt_tokens > 0 ? lim.max_prompt_tokens : INT32_MAX, lim.max_context - 1);
+  const int32_t limit = prompt_token_limit(lim);
   if (prompt_tokens > limit) {
+    // A text prompt is tokenized only one token past the limit: its length is "more than".
+    const bool cut = prompt_tokens == limit + 1 && r.prompt_tokens.empty();
     return request_problem{"prompt_too_long",
                            fmt::format("the prompt has {} tokens; at most {} are accepted. Split it into smaller "
-                                       "requests", prompt_tokens, limit)};
+                                       "requests", cut ? fmt::format("more than {}", limit) : fmt::to_string(prompt_tokens),
+                                       limit)};
   }
   const int32_t max_tokens = effective_max_tokens(r, lim);
   if (int64_t{prompt_tokens} + max_tokens > lim.max_context) {

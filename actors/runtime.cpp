@@ -113,6 +113,11 @@ std::string runtime::describe() const {
                      impl_->be->describe(), impl_->be->kv().n_blocks, impl_->be->kv().block_size);
 }
 
+runtime::prompt_limit runtime::max_prompt() const {
+  const request_limits& lim = impl_->entry->limits();
+  return {prompt_token_limit(lim), impl_->lm ? prompt_byte_limit(lim, impl_->lm->tok().max_token_bytes()) : 0};
+}
+
 uint64_t runtime::submit(request r, token_callback on_token, outcome_callback on_outcome) {
   return impl_->entry->submit(std::move(r), std::move(on_token), std::move(on_outcome));
 }
@@ -146,6 +151,7 @@ void runtime::stats_async(std::function<void(const runtime_stats&)> done) {
       s->rejected = c.rejected;
       s->cancelled = c.cancelled;
       s->failed = c.failed;
+      s->door_capacity = m.entry->door_capacity();
       done(*s);
       self->quit();
     };

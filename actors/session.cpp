@@ -62,8 +62,8 @@ bool start(self_ptr self) {
   prepared_prompt prepared;
   if (st.o.prepared) {  // tokenized by the intake already
     prepared = std::move(*st.o.prepared);
-  } else if (std::string error = prepare_prompt(r, st.o.lm.get(), prepared); !error.empty()) {
-    finish(self, base_outcome(self, outcome_kind::rejected, "invalid", error), false);
+  } else if (auto problem = prepare_prompt(r, st.o.lm.get(), st.o.limits, prepared)) {
+    finish(self, base_outcome(self, outcome_kind::rejected, problem->reason, std::move(problem->message)), false);
     return false;
   }
   const std::vector<token_id>& prompt = prepared.ids;

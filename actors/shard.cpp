@@ -1,8 +1,10 @@
 #include "actors/shard.hpp"
 
 #include <chrono>
+#include <deque>
 #include <random>
 #include <stdexcept>
+#include <thread>
 
 #include "actors/messages.hpp"
 #include "actors/wire.hpp"
@@ -17,6 +19,7 @@ using deliver_atom = caf::atom_constant<caf::atom("deliver")>;
 struct shard_state {
   shard_options o;
   std::mt19937_64 rng;
+  caf::actor_clock::time_point slow_until{};  // in a slow spell until then
   step_storage storage;
   step_result result;
   uint64_t steps = 0;
@@ -25,19 +28,32 @@ struct shard_state {
   uint64_t next_pending = 0;
 };
 
+bool chance(shard_state& st, double p) {
+  return p > 0 && std::uniform_real_distribution<double>(0, 1)(st.rng) < p;
+}
+
 // Runs one step on the backend. Returns the reply and the seconds the step took.
-step_reply_msg run_step(shard_state& st, const step_request_msg& req, double& seconds) {
-  if (st.o.crash_probability > 0 &&
-      std::uniform_real_distribution<double>(0, 1)(st.rng) < st.o.crash_probability) {
-    throw std::runtime_error("injected shard crash");
-  }
+step_reply_msg run_step(shard_state& st, const step_request_msg& req, double& seconds,
+                        caf::actor_clock::time_point now) {
   const auto r = req.get();
   unpack(r, st.storage);
   if (!st.storage.copies.empty()) st.o.model->copy_blocks(st.storage.copies);
   const auto t0 = std::chrono::steady_clock::now();
   st.o.model->execute(st.storage.batch, st.result);
   seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (auto* sim = dynamic_cast<sim::sim_backend*>(st.o.model.get())) seconds = sim->last_step_seconds();
+  auto* sim = dynamic_cast<sim::sim_backend*>(st.o.model.get());
+  if (sim) seconds = sim->last_step_seconds();
+  // Injected faults: the step ran (its KV is written) but its answer is lost with the shard.
+  if (chance(st, st.o.crash_probability)) throw std::runtime_error("injected shard crash");
+  if (now >= st.slow_until && chance(st, st.o.slow_probability)) {
+    st.slow_until = now + std::chrono::duration_cast<caf::actor_clock::duration_type>(
+                              std::chrono::duration<double>(st.o.slow_seconds));
+  }
+  if (now < st.slow_until && st.o.slow_factor > 1) {
+    const double extra = seconds * (st.o.slow_factor - 1);
+    if (!sim) std::this_thread::sleep_for(std::chrono::duration<double>(extra));
+    seconds += extra;
+  }
   ++st.steps;
   return to_wire(r.getStepId(), st.result, seconds);
 }
@@ -48,7 +64,7 @@ caf::behavior step_shard(caf::stateful_actor<shard_state>* self, shard_options o
   return {
       [=](const step_request_msg& req) -> caf::result<step_reply_msg> {
         double seconds = 0;
-        step_reply_msg reply = run_step(self->state, req, seconds);
+        step_reply_msg reply = run_step(self->state, req, seconds, self->clock().now());
         if (!self->state.o.simulated || seconds <= 0) return reply;
         auto rp = self->make_response_promise<step_reply_msg>();
         const uint64_t id = self->state.next_pending++;
@@ -70,7 +86,8 @@ struct supervisor_state {
   shard_options o;
   caf::actor child;
   int restarts = 0;
-  int max_restarts = 0;
+  restart_policy policy;
+  std::deque<caf::actor_clock::time_point> recent;  // restarts within the policy's window
   // Steps the current child owes an answer. A crashed child answers none of them (its
   // promises die with it), so the supervisor fails them, and the engine re-runs the step.
   std::map<uint64_t, caf::response_promise> in_flight;
@@ -92,19 +109,23 @@ void start_child(caf::stateful_actor<supervisor_state>* self) {
 }
 
 caf::behavior shard_supervisor(caf::stateful_actor<supervisor_state>* self, shard_options o,
-                               int max_restarts) {
+                               restart_policy policy) {
   self->state.o = std::move(o);
-  self->state.max_restarts = max_restarts;
+  self->state.policy = policy;
   start_child(self);
   self->set_down_handler([=](caf::down_msg& dm) {
-    if (dm.source != self->state.child.address()) return;
+    auto& st = self->state;
+    if (dm.source != st.child.address()) return;
     if (dm.reason == caf::exit_reason::normal || dm.reason == caf::exit_reason::user_shutdown) return;
     fail_in_flight(self);
-    if (self->state.restarts >= self->state.max_restarts) {
+    const auto now = self->clock().now();
+    while (!st.recent.empty() && now - st.recent.front() > st.policy.window) st.recent.pop_front();
+    if (static_cast<int>(st.recent.size()) >= st.policy.max_restarts) {
       self->quit(dm.reason);
       return;
     }
-    ++self->state.restarts;
+    st.recent.push_back(now);
+    ++st.restarts;
     start_child(self);
   });
   self->set_exit_handler([=](caf::exit_msg& em) {
@@ -133,8 +154,8 @@ caf::behavior shard_supervisor(caf::stateful_actor<supervisor_state>* self, shar
 
 }  // namespace
 
-caf::actor spawn_shard_supervisor(caf::actor_system& sys, shard_options options, int max_restarts) {
-  return sys.spawn(shard_supervisor, std::move(options), max_restarts);
+caf::actor spawn_shard_supervisor(caf::actor_system& sys, shard_options options, restart_policy restarts) {
+  return sys.spawn(shard_supervisor, std::move(options), restarts);
 }
 
 }  // namespace tireless

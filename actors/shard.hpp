@@ -5,6 +5,7 @@
 
 #include <caf/fwd.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 
@@ -17,15 +18,26 @@ struct shard_options {
   // The backend's step time is virtual (the sim backend): reply after that much time on the
   // actor clock instead of computing for real. Real backends run on a detached thread.
   bool simulated = false;
-  // Fault injection for tests: each step crashes the shard with this probability.
+  // Fault injection (config [faults]): each step crashes the shard, after the backend ran it
+  // and before it answered, with crash_probability; a slow spell (steps slow_factor times as
+  // long, for slow_seconds) begins at a step with slow_probability.
   double crash_probability = 0.0;
+  double slow_probability = 0.0;
+  double slow_seconds = 0.0;
+  double slow_factor = 1.0;
   uint64_t seed = 1;
+};
+
+// How often a crashed shard is restarted: at most max_restarts within any `window`.
+struct restart_policy {
+  int max_restarts = 5;
+  std::chrono::nanoseconds window = std::chrono::seconds(60);
 };
 
 // Spawns the supervisor; it spawns and watches the shard. Messages:
 //   step_request_msg → step_reply_msg (forwarded to the shard)
 //   crash_atom (tests) → the shard crashes on purpose
-//   stats_atom → (restarts, steps)
-caf::actor spawn_shard_supervisor(caf::actor_system& sys, shard_options options, int max_restarts);
+//   stats_atom → restarts so far
+caf::actor spawn_shard_supervisor(caf::actor_system& sys, shard_options options, restart_policy restarts);
 
 }  // namespace tireless

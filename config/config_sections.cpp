@@ -115,6 +115,9 @@ server_settings read_server(table_reader& r) {
   r.read_choice<log_level>("log_level", s.log_level, log_levels);
   r.read("shutdown_grace_ms", s.shutdown_grace, {0, 600'000, "milliseconds"});
   r.read("max_connections", s.max_connections, {1, 1'000'000, "connections"});
+  r.read("max_connections_per_peer", s.max_connections_per_peer, {1, 1'000'000, "connections"});
+  r.read("idle_timeout_ms", s.idle_timeout, {100, 86'400'000, "milliseconds"});
+  r.read("handshake_timeout_ms", s.handshake_timeout, {100, 600'000, "milliseconds"});
 
   // Two listeners on one address: the second cannot bind. Port 0 picks distinct ports.
   const std::array<std::pair<std::string_view, const std::string*>, 3> listeners{
@@ -138,7 +141,6 @@ session_settings read_session(table_reader& r) {
   session_settings s;
   r.read("stream_buffer_tokens", s.stream_buffer_tokens, {1, 1 << 20, "tokens"});
   r.read("request_timeout_ms", s.request_timeout, {1, 86'400'000, "milliseconds"});
-  r.read("idle_timeout_ms", s.idle_timeout, {1'000, 86'400'000, "milliseconds"});
   return s;
 }
 
@@ -164,6 +166,8 @@ backend_settings read_backend(table_reader& r) {
   r.read("max_context", s.max_context, {0, max_tokens_ever, "tokens; 0 = the model's"});
   const bool real_time_given = r.read("real_time", s.real_time);
   r.read("expert_shards", s.expert_shards, {0, 64, "expert shard actors; 0 = experts run in the attention shard"});
+  r.read("max_shard_restarts", s.max_shard_restarts, {0, 1'000'000, "restarts"});
+  r.read("shard_restart_window_ms", s.shard_restart_window, {1, 86'400'000, "milliseconds"});
   if (s.kind == backend_kind::sim) {
     if (s.sim_profile.empty())
       r.diag().error(r.where("sim_profile"), r.key_path("sim_profile"),
@@ -475,6 +479,17 @@ auto read_section(table_reader& root, std::string_view name, Read read) {
 
 }  // namespace
 
+fault_settings read_faults(table_reader& r) {
+  fault_settings s;
+  r.read("shard_crash_per_step", s.shard_crash_per_step, {0.0, 1.0});
+  r.read("shard_slow_per_step", s.shard_slow_per_step, {0.0, 1.0});
+  r.read("shard_slow_ms", s.shard_slow, {0, 3'600'000, "milliseconds"});
+  r.read("shard_slow_factor", s.shard_slow_factor, {1.0, 1000.0});
+  r.read("seed", s.seed, {0, INT64_MAX, "a seed"});
+  if (s.any()) r.diag().warn(r.key_path("shard_crash_per_step"), "faults are injected on purpose ([faults])");
+  return s;
+}
+
 runtime_config read_document(const toml::table& document, const fs::path& base_dir,
                              diagnostics& diag) {
   runtime_config c;
@@ -490,6 +505,7 @@ runtime_config read_document(const toml::table& document, const fs::path& base_d
   c.engine = read_section(root, "engine", [&](table_reader& r) { return read_engine(r, c.tiers); });
   c.tenants = read_tenants(root, c.tiers, c.admission);
   c.metrics = read_section(root, "metrics", read_metrics);
+  c.faults = read_section(root, "faults", read_faults);
   root.finish();
   diag.finish();
   return c;

@@ -56,6 +56,12 @@ struct server_settings {
   tireless::log_level log_level = tireless::log_level::info;
   std::chrono::milliseconds shutdown_grace{10'000};  // running requests get this long to finish
   int32_t max_connections = 256;                     // client connections, all protocols together
+  int32_t max_connections_per_peer = 64;             // from one address (unix sockets: not limited)
+  // A connection with no call for this long and no request of its own running is closed; when
+  // the server is full, the longest-idle connection makes room for a new one.
+  std::chrono::milliseconds idle_timeout{120'000};
+  // A connection that makes no call this long after connecting is closed.
+  std::chrono::milliseconds handshake_timeout{10'000};
 };
 
 struct session_settings {
@@ -64,8 +70,6 @@ struct session_settings {
   int32_t stream_buffer_tokens = 64;
   // A request's deadline when its client gives none; a client may ask for less, never more.
   std::chrono::milliseconds request_timeout{300'000};
-  // A conversation with no request for this long is closed and its history dropped.
-  std::chrono::milliseconds idle_timeout{600'000};
 };
 
 struct model_settings {
@@ -82,6 +86,21 @@ struct backend_settings {
   // MoE models: expert shard actors the experts are spread over (round robin); 0 = the
   // experts run inside the attention shard.
   int32_t expert_shards = 0;
+  // A crashed shard is restarted (and its step re-run) at most this many times within
+  // shard_restart_window; one more crash in the window and it stays down.
+  int32_t max_shard_restarts = 5;
+  std::chrono::milliseconds shard_restart_window{60'000};
+};
+
+// Faults injected on purpose, for tests, the load driver and soaks (scripts/soak). All off by
+// default; a server with any of them on says so in its log.
+struct fault_settings {
+  double shard_crash_per_step = 0.0;  // a step crashes its shard after the backend ran it
+  double shard_slow_per_step = 0.0;   // a slow spell of the shard begins at a step
+  std::chrono::milliseconds shard_slow{1'000};  // a slow spell's length (key shard_slow_ms)
+  double shard_slow_factor = 4.0;     // a step in a slow spell takes this many times as long
+  int64_t seed = 1;
+  bool any() const { return shard_crash_per_step > 0 || shard_slow_per_step > 0; }
 };
 
 struct kv_settings {
@@ -172,6 +191,7 @@ struct runtime_config {
   std::vector<tier_settings> tiers;  // at least one; highest priority first
   std::vector<tenant_settings> tenants;
   metrics_settings metrics;
+  fault_settings faults;
   // Valid settings that have no effect (a sim_profile with kind = "cpu", ...), for the log.
   std::vector<std::string> warnings;
 

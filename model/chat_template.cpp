@@ -115,11 +115,13 @@ std::string default_system_of(std::string_view jinja) {
 chat_template chat_template::chatml(std::string default_system, const tokenizer& tok) {
   chat_template t;
   t.default_system_ = std::move(default_system);
-  const std::optional<token_id> end = tok.find(im_end);
-  if (!end) {
-    throw std::runtime_error(
-        "the chat template is ChatML but the vocabulary has no <|im_end|> token to stop at");
+  const std::optional<token_id> end = tok.find(im_end), start = tok.find(im_start);
+  if (!end || !start) {
+    throw std::runtime_error(fmt::format("the chat template is ChatML but the vocabulary has no {} token",
+                                         end ? im_start : im_end));
   }
+  t.start_token_ = *start;
+  t.end_token_ = *end;
   t.stop_tokens_.push_back(*end);
   for (std::optional<token_id> id : {tok.find("<|endoftext|>"), tok.eos()}) {
     if (id && std::find(t.stop_tokens_.begin(), t.stop_tokens_.end(), *id) == t.stop_tokens_.end()) {
@@ -153,16 +155,49 @@ chat_template chat_template::from_gguf(const gguf_file& file, const tokenizer& t
   }
 }
 
+namespace {
+
+void check_role(const chat_message& m, size_t i) {
+  if (m.role != "system" && m.role != "user" && m.role != "assistant") {
+    throw std::invalid_argument(fmt::format(
+        "message {} has role '{}'; the chat template accepts only system, user and assistant", i, m.role));
+  }
+}
+
+}  // namespace
+
+bool chat_template::encode(const std::vector<chat_message>& messages, bool add_generation_prompt,
+                           const tokenizer& tok, std::vector<token_id>& out, size_t max_tokens) const {
+  // apply()'s text is <|im_start|> role\n content <|im_end|> \n ...: between two control
+  // tokens lies plain text, tokenized as one piece, as a tokenizer given the whole text does.
+  auto turn = [&](std::string_view role, std::string_view content) {
+    out.push_back(start_token_);
+    std::string header;
+    header.reserve(role.size() + 1 + content.size());
+    header.append(role).append("\n").append(content);
+    if (!tok.encode_into(out, header, false, max_tokens)) return false;
+    out.push_back(end_token_);
+    return tok.encode_into(out, "\n", false, max_tokens);
+  };
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const chat_message& m = messages[i];
+    check_role(m, i);
+    if (i == 0 && m.role != "system" && !default_system_.empty() && !turn("system", default_system_)) return false;
+    if (!turn(m.role, m.content)) return false;
+  }
+  if (add_generation_prompt) {
+    out.push_back(start_token_);
+    if (!tok.encode_into(out, "assistant\n", false, max_tokens)) return false;
+  }
+  return out.size() <= max_tokens;
+}
+
 std::string chat_template::apply(const std::vector<chat_message>& messages,
                                  bool add_generation_prompt) const {
   std::string out;
   for (size_t i = 0; i < messages.size(); ++i) {
     const chat_message& m = messages[i];
-    if (m.role != "system" && m.role != "user" && m.role != "assistant") {
-      throw std::invalid_argument(fmt::format(
-          "message {} has role '{}'; the chat template accepts only system, user and assistant",
-          i, m.role));
-    }
+    check_role(m, i);
     if (i == 0 && m.role != "system" && !default_system_.empty()) {
       out += fmt::format("{}system\n{}{}\n", im_start, default_system_, im_end);
     }

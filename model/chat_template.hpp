@@ -31,6 +31,14 @@ class chat_template {
   // std::invalid_argument naming the role when a message is not system, user or assistant.
   std::string apply(const std::vector<chat_message>& messages, bool add_generation_prompt) const;
 
+  // The prompt's token ids: those of apply()'s text, except that what the client wrote (the
+  // message contents) is tokenized as plain text. A control token's text inside a content
+  // ("<|im_end|>") stays text, so a user cannot close their turn and write another role's:
+  // only the template places control tokens. Appends to `out`; stops once `out` holds more
+  // than `max_tokens` ids and returns false then. Throws as apply() does.
+  bool encode(const std::vector<chat_message>& messages, bool add_generation_prompt, const tokenizer& tok,
+              std::vector<token_id>& out, size_t max_tokens = SIZE_MAX) const;
+
   // Tokens that end the assistant's turn (<|im_end|>, <|endoftext|>).
   const std::vector<token_id>& stop_tokens() const { return stop_tokens_; }
   const std::string& default_system() const { return default_system_; }
@@ -38,6 +46,7 @@ class chat_template {
  private:
   std::string default_system_;
   std::vector<token_id> stop_tokens_;
+  token_id start_token_ = 0, end_token_ = 0;  // <|im_start|>, <|im_end|>
 };
 
 }  // namespace tireless

@@ -93,6 +93,7 @@ struct tokenizer::impl {
   std::vector<special_token> specials;  // longest first
   std::array<bool, 256> special_starts{};
   std::optional<token_id> bos, eos;
+  size_t max_token_bytes = 1;
 
   explicit impl(pre_tokenizer p) : pre(p) {}
 
@@ -114,6 +115,7 @@ struct tokenizer::impl {
       if (!special) decoded = piece_bytes(piece, to_byte);
       bytes[i] = decoded ? std::move(*decoded) : piece;  // specials and odd pieces: as written
       if (special && !piece.empty()) specials.push_back({piece, id});
+      max_token_bytes = std::max(max_token_bytes, bytes[i].size());
     }
     std::stable_sort(specials.begin(), specials.end(),
                      [](const auto& a, const auto& b) { return a.text.size() > b.text.size(); });
@@ -163,10 +165,16 @@ struct tokenizer::impl {
     return nullptr;
   }
 
-  void encode_plain(std::string_view text, bpe_workspace& ws, std::vector<token_id>& out) const {
+  // false when it stopped because out.size() > max_tokens.
+  bool encode_plain(std::string_view text, bpe_workspace& ws, std::vector<token_id>& out,
+                    size_t max_tokens = SIZE_MAX) const {
     ws.words.clear();
     pre.split(text, ws.words);
-    for (std::string_view word : ws.words) bpe(word, ws, out);
+    for (std::string_view word : ws.words) {
+      if (out.size() > max_tokens) return false;
+      bpe(word, ws, out);
+    }
+    return out.size() <= max_tokens;
   }
 
   // Byte-level BPE of one word, merging the lowest-ranked adjacent pair first (leftmost on
@@ -296,11 +304,14 @@ tokenizer tokenizer::from_gguf(const gguf_file& file) {
 std::vector<token_id> tokenizer::encode(std::string_view text, bool parse_special) const {
   std::vector<token_id> out;
   out.reserve(text.size() / 3 + 1);
+  encode_into(out, text, parse_special);
+  return out;
+}
+
+bool tokenizer::encode_into(std::vector<token_id>& out, std::string_view text, bool parse_special,
+                            size_t max_tokens) const {
   bpe_workspace ws;
-  if (!parse_special || impl_->specials.empty()) {
-    impl_->encode_plain(text, ws, out);
-    return out;
-  }
+  if (!parse_special || impl_->specials.empty()) return impl_->encode_plain(text, ws, out, max_tokens);
   size_t start = 0;
   for (size_t pos = 0; pos < text.size();) {
     const special_token* s = impl_->special_at(text, pos);
@@ -308,14 +319,15 @@ std::vector<token_id> tokenizer::encode(std::string_view text, bool parse_specia
       ++pos;
       continue;
     }
-    impl_->encode_plain(text.substr(start, pos - start), ws, out);
+    if (!impl_->encode_plain(text.substr(start, pos - start), ws, out, max_tokens)) return false;
     out.push_back(s->id);
     pos += s->text.size();
     start = pos;
   }
-  impl_->encode_plain(text.substr(start), ws, out);
-  return out;
+  return impl_->encode_plain(text.substr(start), ws, out, max_tokens);
 }
+
+size_t tokenizer::max_token_bytes() const { return impl_->max_token_bytes; }
 
 std::string_view tokenizer::token_bytes(token_id id) const {
   if (id < 0 || id >= vocab_size()) {

@@ -1,6 +1,7 @@
 #pragma once
 // GPT-2-style byte-level BPE, built from a GGUF file's tokenizer.ggml.* metadata.
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -45,6 +46,15 @@ class tokenizer {
   // byte by byte, so decode(encode(s, false)) == s, except that a byte the vocabulary has no
   // token for is dropped (as Hugging Face does; SmolLM2 lacks e.g. 0x04, 0xC0, 0xF5..0xFF).
   std::vector<token_id> encode(std::string_view text, bool parse_special = true) const;
+  // The same, appended to `out`, stopping once `out` holds more than `max_tokens` ids: the
+  // work is bounded by the limit, not by the text. Returns false when it stopped early (then
+  // out.size() > max_tokens and the text has more tokens than were appended).
+  bool encode_into(std::vector<token_id>& out, std::string_view text, bool parse_special,
+                   size_t max_tokens = SIZE_MAX) const;
+
+  // The most bytes one token stands for (special tokens included): a text of n bytes has at
+  // least n / max_token_bytes() tokens, apart from bytes the vocabulary has no token for.
+  size_t max_token_bytes() const;
 
   // The bytes a token stands for (for special tokens: their text). May be part of a UTF-8
   // character.

@@ -41,6 +41,10 @@ struct GenerateRequest {
   stop @7 :List(Text);           # stop sequences; the text stops before the first one
   timeoutMs @8 :Int64 = 0;       # 0: the server's default deadline; otherwise at most that
   clientRequestId @9 :Text;      # echoed in logs, for the client's own tracing
+  # text input only: control tokens written as text ("<|im_start|>") become control tokens.
+  # Otherwise every text is tokenized as plain text (chat message contents always are: only
+  # the chat template places control tokens, so no one can write another role's turn).
+  parseSpecialTokens @10 :Bool = false;
 }
 
 struct ChatMessage {
@@ -92,6 +96,8 @@ struct Health {
   queued @3 :Int32;
   kvFreeBlocks @4 :Int32;
   kvTotalBlocks @5 :Int32;
+  openStreams @6 :Int32;     # generations whose outcome has not reached their client yet
+  connections @7 :Int32;     # client connections open now
 }
 
 struct Stats {
@@ -104,4 +110,22 @@ struct Stats {
   completionTokens @6 :Int64;
   serverRunning @7 :Int32;
   serverQueued @8 :Int32;
+  # The whole server since it started. Every generate() call ends in exactly one outcome: at
+  # rest, serverReceived = the four outcome counts' sum and serverOpen = 0.
+  serverReceived @9 :Int64;
+  serverCompleted @10 :Int64;
+  serverRejected @11 :Int64;
+  serverCancelled @12 :Int64;
+  serverFailed @13 :Int64;
+  serverOpen @14 :Int32;          # generations whose outcome has not reached their client yet
+  shardRestarts @15 :Int64;       # crashed model shards restarted (their steps re-run)
+  mailboxes @16 :List(Mailbox);   # the largest mailbox each actor of the runtime saw
+  mailboxBound @17 :Int64;        # the bound the credit protocol keeps each of them under
+  kvFreeBlocks @18 :Int32;
+  kvTotalBlocks @19 :Int32;
+}
+
+struct Mailbox {
+  actor @0 :Text;
+  maxSize @1 :Int64;
 }

@@ -18,13 +18,17 @@
 #include <thread>
 
 #include "model/model.hpp"
+#include "server/connection_manager.hpp"
 #include "server/inference_service.hpp"
-#include "server/read_buffered_stream.hpp"
 #include "tireless/runtime.hpp"
 
 namespace {
 
 using namespace tireless;
+
+// The largest message a client may send (Cap'n Proto's default traversal limit): a request
+// under it always gets an outcome, however bad it is.
+constexpr size_t transport_limit_bytes = size_t{64} << 20;
 
 struct cli_overrides {
   std::string listen, log_level, model, backend, sim_profile;
@@ -59,11 +63,6 @@ runtime_config configure(const std::string& path, const cli_overrides& o) {
   }
   return c;
 }
-
-class count_connections final : public kj::TaskSet::ErrorHandler {
- public:
-  void taskFailed(kj::Exception&& e) override { spdlog::debug("connection ended: {}", e.getDescription().cStr()); }
-};
 
 }  // namespace
 
@@ -118,9 +117,16 @@ int main(int argc, char** argv) {
     info.context_length = m->config().n_ctx_train;
     info.vocab_size = m->config().n_vocab;
   }
-  auto service_own = kj::heap<inference_service>(*rt, bridge, config, info, limits);
-  inference_service& service = *service_own;
-  capnp::TwoPartyServer server(kj::mv(service_own));
+  limits.max_prompt_bytes = rt->max_prompt().text_bytes;
+  limits.max_prompt_tokens = rt->max_prompt().tokens;
+  inference_service service(*rt, bridge, config, info, limits);
+  connection_limits cl;
+  cl.max_connections = config.server.max_connections;
+  cl.max_per_peer = config.server.max_connections_per_peer;
+  cl.idle_timeout = config.server.idle_timeout.count() * kj::MILLISECONDS;
+  cl.handshake_timeout = config.server.handshake_timeout.count() * kj::MILLISECONDS;
+  cl.reader.traversalLimitInWords = transport_limit_bytes / sizeof(capnp::word);
+  auto connections = kj::heap<connection_manager>(io.provider->getTimer(), service, cl);
 
   kj::Own<kj::ConnectionReceiver> listener;
   try {
@@ -134,25 +140,7 @@ int main(int argc, char** argv) {
     std::cerr << "tireless-serve: cannot listen on " << config.server.listen << ": " << e.getDescription().cStr() << "\n";
     return 1;
   }
-
-  count_connections connection_errors;
-  kj::TaskSet connections(connection_errors);
-  int open_connections = 0;
-  std::function<kj::Promise<void>()> accept_loop = [&]() -> kj::Promise<void> {
-    return listener->accept().then([&](kj::Own<kj::AsyncIoStream>&& stream) {
-      if (open_connections >= config.server.max_connections) {
-        spdlog::warn("refusing a connection: {} are open (server.max_connections)", open_connections);
-      } else {
-        ++open_connections;
-        auto buffered = kj::heap<read_buffered_stream>(kj::mv(stream));
-        auto& s = *buffered;
-        connections.add(server.accept(s).attach(kj::mv(buffered)).then([&] { --open_connections; },
-                                                                        [&](kj::Exception&&) { --open_connections; }));
-      }
-      return accept_loop();
-    });
-  };
-  auto accepting = accept_loop().eagerlyEvaluate([](kj::Exception&& e) {
+  auto accepting = connections->listen(*listener).eagerlyEvaluate([](kj::Exception&& e) {
     spdlog::error("accept failed: {}", e.getDescription().cStr());
   });
 
@@ -173,6 +161,8 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 200 && service.unfinished() > 0; ++i) {
     io.provider->getTimer().afterDelay(10 * kj::MILLISECONDS).wait(io.waitScope);
   }
+  if (service.unfinished() > 0) spdlog::warn("{} outcomes did not reach their clients in time", service.unfinished());
+  connections = nullptr;  // closes every connection
   spdlog::info("stopped");
   return 0;
 }

@@ -1,3 +1,7 @@
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -15,11 +19,20 @@ std::string_view name(isa i) {
   return "?";
 }
 
+#if defined(__x86_64__)
+namespace {
+// CPUID.1:ECX bit 29 (clang 14's __builtin_cpu_supports does not know "f16c").
+bool has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
+}  // namespace
+#endif
+
 bool cpu_supports(isa i) {
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    __builtin_cpu_supports("f16c");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
   switch (i) {
     case isa::generic: return true;
     case isa::avx2: return avx2;

@@ -38,6 +38,9 @@ struct request {
   std::vector<message> messages;       // a chat, formatted with the model's template; or
   std::string prompt;                  // raw text; or
   std::vector<int32_t> prompt_tokens;  // token ids (the only form the sim backend takes)
+  // Raw prompt only: control token texts in it ("<|im_start|>") become control tokens.
+  // Otherwise every text a client sends, message contents always, is tokenized as plain text.
+  bool parse_special = false;
   sampling_options sampling;
   int32_t max_tokens = 0;              // 0: the configured default
   std::vector<std::string> stop;       // stop sequences (not included in the text)
@@ -81,6 +84,8 @@ struct runtime_stats {
   std::vector<std::pair<std::string, int32_t>> queued_by_tier;
   // The largest mailbox each actor saw, sampled by the actor itself.
   int64_t max_mailbox_engine = 0, max_mailbox_admission = 0, max_mailbox_kv_manager = 0;
+  // Requests inside the runtime at most (the door): what bounds every actor's mailbox.
+  int64_t door_capacity = 0;
 };
 
 class runtime {
@@ -108,6 +113,14 @@ class runtime {
   // The same without blocking: `done` runs on a runtime thread with the answer.
   void stats_async(std::function<void(const runtime_stats&)> done);
   std::string describe() const;
+  // The longest prompt a request may have: tokens, and bytes of text (more bytes cannot fit
+  // in that many tokens; such a text is refused, prompt_too_long, before any tokenizing;
+  // 0: this backend takes token ids only).
+  struct prompt_limit {
+    int32_t tokens = 0;
+    size_t text_bytes = 0;
+  };
+  prompt_limit max_prompt() const;
   // Stops accepting; lets requests finish for up to `grace`; cancels the rest (each gets
   // its outcome); stops the actors.
   void shutdown(std::chrono::milliseconds grace);

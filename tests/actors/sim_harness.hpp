@@ -66,7 +66,7 @@ class sim_harness {
     po.shard.simulated = true;
     po.shard.crash_probability = o.crash_probability;
     po.shard.seed = o.seed;
-    po.max_shard_restarts = 1 << 20;
+    po.shard_restarts.max_restarts = 1 << 20;
     po.admission.tiers = o.tiers;
     po.admission.tenants = o.tenants;
     po.admission.policy = o.policy;

@@ -143,7 +143,8 @@ def test_overrides(model_path):
 
 
 class Server:
-    def __init__(self, binary, base_config, workdir, overrides=None, name="server", start_timeout=60):
+    def __init__(self, binary, base_config, workdir, overrides=None, name="server", start_timeout=60,
+                 tier_scale=TIER_SCALE):
         self.binary = binary
         self.workdir = workdir
         self.name = name
@@ -154,7 +155,7 @@ class Server:
         all_overrides.update(overrides or {})
         self.config_path = os.path.join(workdir, f"{name}.toml")
         with open(self.config_path, "w") as f:
-            f.write(edit_config(text, all_overrides, remove={("kv", "memory_mb")}, scale_tiers=TIER_SCALE))
+            f.write(edit_config(text, all_overrides, remove={("kv", "memory_mb")}, scale_tiers=tier_scale))
         self.stderr_path = os.path.join(workdir, f"{name}.stderr")
         self._stderr = open(self.stderr_path, "wb")
         self.proc = subprocess.Popen([binary, "--config", self.config_path, "--port", "0"],

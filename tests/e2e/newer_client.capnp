@@ -37,20 +37,21 @@ struct GenerateRequest {
     messages @2 :List(ChatMessage);  # a chat, formatted with the model's chat template
     text @3 :Text;                   # raw text, sent to the model as is (valid UTF-8)
     tokens @4 :List(Int32);          # token ids
-    images @15 :List(Data);          # newer than the server: an input kind it does not know
+    images @16 :List(Data);          # newer than the server: an input kind it does not know
   }
   sampling @5 :Common.Sampling;  # unset: greedy
   maxTokens @6 :Int32 = -1;      # -1: the server's default; otherwise 1 .. context - prompt
   stop @7 :List(Text);           # stop sequences; the text stops before the first one
   timeoutMs @8 :Int64 = 0;       # 0: the server's default deadline; otherwise at most that
   clientRequestId @9 :Text;      # echoed in logs, for the client's own tracing
+  parseSpecialTokens @10 :Bool = false;
   # --- newer than the server ---
-  priorityHint @10 :Int32 = 0;   # a scalar in the data section, past the server's
-  userTag @11 :Text;             # a pointer past the server's pointer section
-  tools @12 :List(ToolSpec);     # a list of structs the server never heard of
+  priorityHint @11 :Int32 = 0;   # a scalar in the data section, past the server's
+  userTag @12 :Text;             # a pointer past the server's pointer section
+  tools @13 :List(ToolSpec);     # a list of structs the server never heard of
   responseFormat :group {        # a group of new fields
-    kind @13 :UInt8;
-    schema @14 :Text;
+    kind @14 :UInt8;
+    schema @15 :Text;
   }
 }
 
@@ -105,6 +106,8 @@ struct Health {
   queued @3 :Int32;
   kvFreeBlocks @4 :Int32;
   kvTotalBlocks @5 :Int32;
+  openStreams @6 :Int32;
+  connections @7 :Int32;
 }
 
 struct Stats {

@@ -2,7 +2,8 @@
 // (as the RPC layer hands one to the service), either fails to read with a kj::Exception or
 // decodes to a request or to a message saying what is wrong; never anything else (another
 // exception is a finding too). A request that decodes carries the wire's values, within the
-// limits it was decoded with.
+// limits it was decoded with; a refusal is invalid, or prompt_too_long for a text over the
+// byte bound.
 
 #include <capnp/message.h>
 #include <capnp/serialize.h>
@@ -28,31 +29,31 @@ decode_limits fuzz_limits() {
   l.stream_window = 64;
   l.max_stop_sequences = 4;
   l.max_stop_bytes = 16;
+  l.max_prompt_bytes = 512;
+  l.max_prompt_tokens = 64;
   return l;
 }
 
-// Two issues found by this target and reported (not crashes: decode_request returns, and
-// the first is refused later by the runtime). Set false once decode_request handles them.
-//  1. An `input` of a kind this schema does not know (a discriminant past `tokens`) is
-//     accepted with no prompt at all.
-//  2. Texts are copied up to their first NUL byte (kj's std::string conversion and cStr()),
-//     after being checked in full: a stop "x\0y" becomes "x" (the text stops at the first
-//     "x"), content "hi\0there" becomes "hi", role "user\0x" passes as "user".
-constexpr bool tolerate_reported_issues = true;
+// The wire's text as the decoded request should hold it (NUL bytes are refused, so a text
+// that decodes holds every byte).
+std::string bytes(capnp::Text::Reader t) { return std::string(t.begin(), t.size()); }
 
-// The wire's text as the decoded request should hold it.
-std::string bytes(capnp::Text::Reader t) {
-  std::string s(t.begin(), t.size());
-  if (tolerate_reported_issues) s.resize(std::strlen(s.c_str()));
-  return s;
+size_t prompt_bytes(rpc::GenerateRequest::Reader r) {
+  const auto input = r.getInput();
+  if (input.isText()) return input.getText().size();
+  size_t n = 0;
+  if (input.isMessages()) {
+    for (const auto m : input.getMessages()) n += m.getContent().size();
+  }
+  return n;
 }
 
 // A request that decodes carries the wire's values, within the limits.
 void check_accepted(rpc::GenerateRequest::Reader r, const request& q, const decode_limits& l) {
   const auto input = r.getInput();
   const int inputs = !q.messages.empty() + !q.prompt.empty() + !q.prompt_tokens.empty();
-  const bool unknown_input_kind = input.which() > rpc::GenerateRequest::Input::TOKENS;
-  if (inputs != 1 && !(tolerate_reported_issues && unknown_input_kind)) __builtin_trap();
+  if (inputs != 1) __builtin_trap();
+  if (prompt_bytes(r) > l.max_prompt_bytes) __builtin_trap();
   if (input.isMessages()) {
     const auto m = input.getMessages();
     if (q.messages.size() != m.size()) __builtin_trap();
@@ -70,7 +71,7 @@ void check_accepted(rpc::GenerateRequest::Reader r, const request& q, const deco
   for (unsigned i = 0; i < stops.size(); ++i) {
     const std::string& s = q.stop[i];
     if (s != bytes(stops[i]) || s.size() > l.max_stop_bytes || !valid_utf8(s)) __builtin_trap();
-    if (s.empty() && !(tolerate_reported_issues && stops[i].size() > 0)) __builtin_trap();
+    if (s.empty()) __builtin_trap();
   }
   if (q.timeout <= std::chrono::milliseconds(0) || q.timeout > l.default_timeout) __builtin_trap();
   if (!std::isfinite(q.sampling.temperature) || !(q.sampling.top_p > 0 && q.sampling.top_p <= 1)) __builtin_trap();
@@ -94,8 +95,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto decoded = decode_request(request, limits);
     if (auto* ok = std::get_if<decoded_request>(&decoded)) {
       check_accepted(request, ok->req, limits);
-    } else if (std::get<std::string>(decoded).empty()) {
-      __builtin_trap();  // a refusal must say what is wrong
+    } else {
+      const request_problem& p = std::get<request_problem>(decoded);
+      if (p.message.empty()) __builtin_trap();  // a refusal must say what is wrong
+      const std::string_view reason = p.reason;
+      if (reason == "prompt_too_long" ? prompt_bytes(request) <= limits.max_prompt_bytes : reason != "invalid")
+        __builtin_trap();
     }
   } catch (const kj::Exception&) {
     // malformed message: the RPC layer turns this into an error for the caller

@@ -153,6 +153,24 @@ TEST(tokenizer, drops_a_byte_the_vocabulary_has_no_token_for) {
   EXPECT_THAT(tok.encode("!\x04!"), ElementsAre(byte_id('!'), byte_id('!')));
 }
 
+TEST(tokenizer, stops_encoding_just_past_a_limit) {
+  const auto tok = tokenizer::from_vocab(tiny_vocab({"a b"}));
+  std::vector<token_id> out;
+  std::string text;
+  for (int i = 0; i < 5000; ++i) text += "ab ";
+  EXPECT_FALSE(tok.encode_into(out, text, false, 10));
+  EXPECT_GT(out.size(), 10u);
+  EXPECT_LE(out.size(), 14u);  // one word past the limit at most
+  out.clear();
+  EXPECT_TRUE(tok.encode_into(out, "ab ab", false, 10));
+  EXPECT_EQ(out, tok.encode("ab ab", false));
+}
+
+TEST(tokenizer, knows_the_longest_token) {
+  // "<|endoftext|>" (13 bytes) is the longest piece of the tiny vocabulary.
+  EXPECT_EQ(tokenizer::from_vocab(tiny_vocab({"a b"})).max_token_bytes(), 13u);
+}
+
 TEST(tokenizer, answers_lookups) {
   const auto tok = tokenizer::from_vocab(tiny_vocab({"a b"}));
   EXPECT_EQ(tok.vocab_size(), 3 + 256 + 1);
