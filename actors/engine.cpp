@@ -306,9 +306,13 @@ void kick(self_ptr self) {
               st.stepping = false;
               fail_unplaceable(self, req, reply);
               send_credits(self);
-              // Nothing could run. Try again only if something changed meanwhile (an ack or a
-              // cancel that arrived while the KV request was out), or we would spin.
-              if (st.changed) kick(self);
+              // Nothing ran. Propose again if something changed meanwhile (an ack or a cancel
+              // that arrived while the KV request was out), or if this grant started a request:
+              // its cached prefix may already cover what the step's budget planned for it,
+              // and the rest needs another grant. Otherwise nothing can run, and we would spin.
+              bool started = false;
+              for (size_t i = 0; i < req.entries.size(); ++i) started |= req.entries[i].admit && reply.grants[i].granted;
+              if (st.changed || started) kick(self);
               return;
             }
             // Spans in `batch` point into the scheduler's sequences, which stay put until

@@ -30,8 +30,9 @@ std::optional<request_problem> prepare_prompt(const request& r, const model* lm,
   if (const size_t bytes = prompt_text_bytes(r); bytes > limit_bytes) {
     return prompt_bytes_problem(bytes, limit_bytes, limit_tokens);
   }
-  // One past the limit is enough to know the prompt is too long (check_request says so).
-  const size_t stop_after = static_cast<size_t>(std::max(limit_tokens, 0)) + 1;
+  // Tokenizing stops just past the limit: a prompt that long is refused, however long it is.
+  const size_t limit = static_cast<size_t>(std::max(limit_tokens, 0));
+  bool whole = true;
   if (!r.messages.empty()) {
     std::vector<chat_message> chat;
     for (const message& m : r.messages) {
@@ -39,11 +40,16 @@ std::optional<request_problem> prepare_prompt(const request& r, const model* lm,
         return invalid(fmt::format("message role '{}' is not one of system, user, assistant", m.role));
       chat.push_back({m.role, m.content});
     }
-    lm->chat().encode(chat, true, lm->tok(), out.ids, stop_after);
+    whole = lm->chat().encode(chat, true, lm->tok(), out.ids, limit);
     out.stop_tokens = lm->chat().stop_tokens();
   } else {
-    lm->tok().encode_into(out.ids, r.prompt, r.parse_special, stop_after);
+    whole = lm->tok().encode_into(out.ids, r.prompt, r.parse_special, limit);
     if (auto eos = lm->tok().eos()) out.stop_tokens = {*eos};
+  }
+  if (!whole) {
+    return request_problem{"prompt_too_long",
+                           fmt::format("the prompt has more than {} tokens; at most {} are accepted. Split it into "
+                                       "smaller requests", limit_tokens, limit_tokens)};
   }
   if (out.ids.empty()) return invalid("the prompt is empty");
   return std::nullopt;
@@ -64,12 +70,9 @@ std::optional<request_problem> check_request(const request& r, const model* lm, 
   if (!lm && !r.stop.empty()) return invalid("stop sequences need a tokenizer; this backend has none");
   const int32_t limit = prompt_token_limit(lim);
   if (prompt_tokens > limit) {
-    // A text prompt is tokenized only one token past the limit: its length is "more than".
-    const bool cut = prompt_tokens == limit + 1 && r.prompt_tokens.empty();
     return request_problem{"prompt_too_long",
                            fmt::format("the prompt has {} tokens; at most {} are accepted. Split it into smaller "
-                                       "requests", cut ? fmt::format("more than {}", limit) : fmt::to_string(prompt_tokens),
-                                       limit)};
+                                       "requests", prompt_tokens, limit)};
   }
   const int32_t max_tokens = effective_max_tokens(r, lim);
   if (int64_t{prompt_tokens} + max_tokens > lim.max_context) {

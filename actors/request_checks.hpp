@@ -67,8 +67,8 @@ struct prepared_prompt {
 
 // Tokenizes `r`'s prompt into `out`; returns what is wrong with it (nothing when nothing is).
 // `lm` null: token ids are the only form taken. A text over prompt_byte_limit is refused
-// untokenized, and tokenizing stops just past prompt_token_limit: the work per request is
-// bounded by the limits, not by what a client sends. Message contents (and raw text, unless
+// untokenized, and tokenizing stops just past prompt_token_limit (prompt_too_long): the work
+// per request is bounded by the limits, not by what a client sends. Message contents (and raw text, unless
 // the request asks for parse_special) are tokenized as plain text.
 std::optional<request_problem> prepare_prompt(const request& r, const model* lm, const request_limits& lim,
                                               prepared_prompt& out);

@@ -85,21 +85,25 @@ caf::behavior step_shard(caf::stateful_actor<shard_state>* self, shard_options o
 struct supervisor_state {
   shard_options o;
   caf::actor child;
+  uint64_t generation = 0;  // of the child: one more at each restart
   int restarts = 0;
   restart_policy policy;
   std::deque<caf::actor_clock::time_point> recent;  // restarts within the policy's window
-  // Steps the current child owes an answer. A crashed child answers none of them (its
-  // promises die with it), so the supervisor fails them, and the engine re-runs the step.
-  std::map<uint64_t, caf::response_promise> in_flight;
+  // Steps not answered yet: the request (to re-run it) and its promise. A crashed child
+  // answers none of its steps; the supervisor re-runs them on the child it starts instead,
+  // so a crash costs the engine time, not its step.
+  struct step {
+    step_request_msg req;
+    caf::response_promise rp;
+    uint64_t generation = 0;  // of the child running it
+  };
+  std::map<uint64_t, step> in_flight;
   uint64_t next = 0;
 };
 
-void fail_in_flight(caf::stateful_actor<supervisor_state>* self) {
-  for (auto& [id, rp] : self->state.in_flight) rp.deliver(caf::make_error(caf::sec::request_receiver_down));
-  self->state.in_flight.clear();
-}
+using supervisor_ptr = caf::stateful_actor<supervisor_state>*;
 
-void start_child(caf::stateful_actor<supervisor_state>* self) {
+void start_child(supervisor_ptr self) {
   shard_options child_options = self->state.o;
   child_options.seed = self->state.o.seed + static_cast<uint64_t>(self->state.restarts) * 7919;
   self->state.child = self->state.o.simulated
@@ -108,8 +112,32 @@ void start_child(caf::stateful_actor<supervisor_state>* self) {
   self->monitor(self->state.child);
 }
 
-caf::behavior shard_supervisor(caf::stateful_actor<supervisor_state>* self, shard_options o,
-                               restart_policy policy) {
+// Sends step `id` to the current child.
+void forward(supervisor_ptr self, uint64_t id) {
+  auto& st = self->state;
+  auto it = st.in_flight.find(id);
+  if (it == st.in_flight.end()) return;
+  it->second.generation = st.generation;
+  const uint64_t generation = st.generation;
+  self->request(st.child, caf::infinite, it->second.req)
+      .then(
+          [=](const step_reply_msg& reply) {
+            auto done = self->state.in_flight.find(id);
+            if (done == self->state.in_flight.end()) return;
+            done->second.rp.deliver(reply);
+            self->state.in_flight.erase(done);
+          },
+          [=](caf::error&) {
+            // The child died with this step. Its down_msg starts another and re-runs the
+            // step there; if that happened already (and the step is still on the dead
+            // child), re-run it now.
+            auto failed = self->state.in_flight.find(id);
+            if (failed == self->state.in_flight.end()) return;
+            if (failed->second.generation == generation && generation < self->state.generation) forward(self, id);
+          });
+}
+
+caf::behavior shard_supervisor(supervisor_ptr self, shard_options o, restart_policy policy) {
   self->state.o = std::move(o);
   self->state.policy = policy;
   start_child(self);
@@ -117,16 +145,21 @@ caf::behavior shard_supervisor(caf::stateful_actor<supervisor_state>* self, shar
     auto& st = self->state;
     if (dm.source != st.child.address()) return;
     if (dm.reason == caf::exit_reason::normal || dm.reason == caf::exit_reason::user_shutdown) return;
-    fail_in_flight(self);
     const auto now = self->clock().now();
     while (!st.recent.empty() && now - st.recent.front() > st.policy.window) st.recent.pop_front();
     if (static_cast<int>(st.recent.size()) >= st.policy.max_restarts) {
+      for (auto& [id, step] : st.in_flight) step.rp.deliver(caf::make_error(caf::sec::request_receiver_down));
+      st.in_flight.clear();
       self->quit(dm.reason);
       return;
     }
     st.recent.push_back(now);
     ++st.restarts;
+    ++st.generation;
     start_child(self);
+    std::vector<uint64_t> rerun;
+    for (const auto& [id, step] : st.in_flight) rerun.push_back(id);
+    for (uint64_t id : rerun) forward(self, id);
   });
   self->set_exit_handler([=](caf::exit_msg& em) {
     self->send_exit(self->state.child, em.reason);
@@ -136,15 +169,8 @@ caf::behavior shard_supervisor(caf::stateful_actor<supervisor_state>* self, shar
       [=](const step_request_msg& req) -> caf::result<step_reply_msg> {
         auto rp = self->make_response_promise<step_reply_msg>();
         const uint64_t id = self->state.next++;
-        self->state.in_flight.emplace(id, rp);
-        self->request(self->state.child, caf::infinite, req)
-            .then(
-                [=](const step_reply_msg& reply) mutable {
-                  if (self->state.in_flight.erase(id)) rp.deliver(reply);
-                },
-                [=](caf::error& e) mutable {
-                  if (self->state.in_flight.erase(id)) rp.deliver(std::move(e));
-                });
+        self->state.in_flight.emplace(id, supervisor_state::step{req, rp, 0});
+        forward(self, id);
         return rp;
       },
       [=](crash_atom a) { self->send(self->state.child, a); },

@@ -1,7 +1,8 @@
 #pragma once
 // Shards run model steps. A step shard owns a backend (its weights and KV bytes) and answers
-// step requests; a supervisor gives the engine one stable address for it and restarts it
-// when it crashes, keeping the backend (so the KV cache survives an in-process crash).
+// step requests; a supervisor gives the engine one stable address for it, restarts it when it
+// crashes, keeping the backend (so the KV cache survives an in-process crash), and re-runs on
+// the new shard the steps the crashed one never answered.
 
 #include <caf/fwd.hpp>
 

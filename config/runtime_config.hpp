@@ -60,7 +60,7 @@ struct server_settings {
   // A connection with no call for this long and no request of its own running is closed; when
   // the server is full, the longest-idle connection makes room for a new one.
   std::chrono::milliseconds idle_timeout{120'000};
-  // A connection that makes no call this long after connecting is closed.
+  // A connection that sends nothing this long after connecting is closed.
   std::chrono::milliseconds handshake_timeout{10'000};
 };
 

@@ -143,7 +143,7 @@ class refusing_service final : public rpc::Inference::Server {
 }  // namespace
 
 struct connection_manager::connection {
-  connection(kj::Own<kj::AsyncIoStream> s, const capnp::ReaderOptions& reader)
+  connection(kj::Own<read_buffered_stream> s, const capnp::ReaderOptions& reader)
       : stream(kj::mv(s)), network(*stream, capnp::rpc::twoparty::Side::SERVER, reader) {}
 
   uint64_t id = 0;
@@ -152,7 +152,7 @@ struct connection_manager::connection {
   kj::TimePoint opened = kj::origin<kj::TimePoint>();
   std::shared_ptr<connection_activity> activity = std::make_shared<connection_activity>();
   // Destroyed in reverse: the RPC system, then the network, then the socket.
-  kj::Own<kj::AsyncIoStream> stream;
+  kj::Own<read_buffered_stream> stream;
   capnp::TwoPartyVatNetwork network;
   kj::Maybe<capnp::RpcSystem<capnp::rpc::twoparty::VatId>> rpc;
 };
@@ -275,10 +275,10 @@ kj::Promise<void> connection_manager::sweep() {
       if (c->refused) {
         if ((a.calls > 0 && now - a.last_call >= limits_.refusal_linger) || now - c->opened >= limits_.handshake_timeout)
           closing.emplace_back(id, "refused, and told so");
-      } else if (a.calls == 0 && now - c->opened >= limits_.handshake_timeout) {
-        closing.emplace_back(id, "no call within server.handshake_timeout_ms of connecting");
+      } else if (c->stream->bytes_read() == 0 && now - c->opened >= limits_.handshake_timeout) {
+        closing.emplace_back(id, "nothing received within server.handshake_timeout_ms of connecting");
         ++counts_.closed_handshake;
-      } else if (a.live == 0 && a.calls > 0 && now - a.last_call >= limits_.idle_timeout) {
+      } else if (a.live == 0 && now - a.last_call >= limits_.idle_timeout) {
         closing.emplace_back(id, "idle for server.idle_timeout_ms");
         ++counts_.closed_idle;
       }

@@ -2,8 +2,10 @@
 // The RPC connections of tireless-serve: accepts them, gives each its own view of the
 // Inference service (so the server knows what every connection is doing), and keeps a few
 // idle or hostile clients from locking everyone else out:
-//  - a connection that makes no call within handshake_timeout of connecting is closed;
-//  - one with no call for idle_timeout and no request of its own running is closed;
+//  - a connection that sends nothing within handshake_timeout of connecting is closed;
+//  - one with no call for idle_timeout (since it connected, or since its last call) and no
+//    request of its own running is closed: a client trickling bytes that never make a call
+//    is closed too;
 //  - when the server (or one peer address) is at its connection limit, the longest-idle
 //    connection (of that peer) makes room; when none is idle, the newcomer is served by a
 //    refusing bootstrap whose every generate() ends in rejected(overloaded) with a retry hint

@@ -208,7 +208,6 @@ inference_service::inference_service(runtime& rt, kj_bridge& bridge, const runti
                                      service_info info, decode_limits limits)
     : rt_(rt),
       bridge_(bridge),
-      config_(config),
       info_(std::move(info)),
       limits_(std::move(limits)),
       tasks_(task_errors),

@@ -79,7 +79,6 @@ class inference_service {
 
   runtime& rt_;
   kj_bridge& bridge_;
-  const runtime_config& config_;
   service_info info_;
   decode_limits limits_;
   bool accepting_ = true;

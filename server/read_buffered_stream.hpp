@@ -6,6 +6,7 @@
 #include <kj/async-io.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 namespace tireless {
@@ -14,6 +15,9 @@ class read_buffered_stream final : public kj::AsyncIoStream {
  public:
   explicit read_buffered_stream(kj::Own<kj::AsyncIoStream> inner, size_t buffer_bytes = 64 * 1024)
       : inner_(kj::mv(inner)), buffer_(kj::heapArray<kj::byte>(buffer_bytes)) {}
+
+  // Bytes received from the peer so far.
+  uint64_t bytes_read() const { return received_; }
 
   kj::Promise<size_t> tryRead(void* dst, size_t min_bytes, size_t max_bytes) override {
     auto* out = static_cast<kj::byte*>(dst);
@@ -24,10 +28,14 @@ class read_buffered_stream final : public kj::AsyncIoStream {
     begin_ = end_ = 0;
     // Large reads go straight to the caller; small ones fill the buffer first.
     if (max_bytes - have >= buffer_.size()) {
-      return inner_->tryRead(out + have, min_bytes - have, max_bytes - have).then([have](size_t n) { return have + n; });
+      return inner_->tryRead(out + have, min_bytes - have, max_bytes - have).then([this, have](size_t n) {
+        received_ += n;
+        return have + n;
+      });
     }
     return inner_->tryRead(buffer_.begin(), min_bytes - have, buffer_.size())
         .then([this, out, have, max_bytes](size_t n) {
+          received_ += n;
           end_ = n;
           const size_t take = std::min(n, max_bytes - have);
           std::memcpy(out + have, buffer_.begin(), take);
@@ -47,6 +55,7 @@ class read_buffered_stream final : public kj::AsyncIoStream {
   kj::Own<kj::AsyncIoStream> inner_;
   kj::Array<kj::byte> buffer_;
   size_t begin_ = 0, end_ = 0;
+  uint64_t received_ = 0;
 };
 
 }  // namespace tireless

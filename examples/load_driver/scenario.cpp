@@ -244,13 +244,14 @@ void read_mix(reader& r, const toml::table& doc, scenario& s) {
   for (auto& c : s.mix) c.share /= total > 0 ? total : 1;
 }
 
-std::vector<trace_row> read_trace(reader& r, const scenario& s) {
+std::vector<trace_row> read_trace(reader& r, const scenario& s, const scenario_files& files) {
   std::vector<trace_row> rows;
-  std::ifstream in(s.trace_path);
-  if (!in) {
+  const std::optional<std::string> text = files.text(s.trace_path);
+  if (!text) {
     r.error(nullptr, "arrivals.trace", fmt::format("cannot read {}", s.trace_path.string()));
     return rows;
   }
+  std::istringstream in(*text);
   std::string line;
   for (int number = 1; std::getline(in, line); ++number) {
     if (line.empty() || line[0] == '#') continue;
@@ -346,7 +347,7 @@ void read_capacity(reader& r, const toml::table& doc, scenario& s) {
   s.concurrency = static_cast<int32_t>(r.integer(*t, "concurrency", "capacity", 0, 1'000'000).value_or(0));
 }
 
-void read_arrivals(reader& r, const toml::table& doc, scenario& s) {
+void read_arrivals(reader& r, const toml::table& doc, scenario& s, const scenario_files& files) {
   const toml::table* t = r.table(doc, "arrivals", "", false);
   if (t) {
     r.only(*t, "arrivals", {"process", "trace"});
@@ -357,7 +358,7 @@ void read_arrivals(reader& r, const toml::table& doc, scenario& s) {
   }
   if (s.arrivals == arrival_kind::trace) {
     if (s.trace_path.empty()) r.error(t, "arrivals.trace", "missing: the trace CSV (with process = \"trace\")");
-    else if (r.problems().empty()) s.trace = read_trace(r, s);
+    else if (r.problems().empty()) s.trace = read_trace(r, s, files);
     if (doc.get("mix")) r.error(doc.get("mix"), "mix", "a trace replay takes its requests from the trace; remove [[mix]]");
   } else {
     if (!s.trace_path.empty()) r.error(t->get("trace"), "arrivals.trace", "applies to process = \"trace\" only");
@@ -396,13 +397,33 @@ std::vector<admission_policy> parse_policies(const std::vector<std::string>& nam
   return out;
 }
 
+scenario_files scenario_files::from_disk() {
+  scenario_files f;
+  f.config = [](const std::filesystem::path& p) { return load_config(p); };
+  f.text = [](const std::filesystem::path& p) -> std::optional<std::string> {
+    std::ifstream in(p, std::ios::binary);
+    if (!in) return std::nullopt;
+    std::ostringstream all;
+    all << in.rdbuf();
+    return all.str();
+  };
+  return f;
+}
+
 scenario load_scenario(const std::filesystem::path& file) {
+  const scenario_files files = scenario_files::from_disk();
+  const std::optional<std::string> text = files.text(file);
+  if (!text) throw scenario_error({fmt::format("{}: cannot read the file", file.string())});
+  return parse_scenario(*text, file, files);
+}
+
+scenario parse_scenario(std::string_view toml_text, const std::filesystem::path& file, const scenario_files& files) {
   scenario s;
   s.file = file;
   s.name = file.stem().string();
   toml::table doc;
   try {
-    doc = toml::parse_file(file.string());
+    doc = toml::parse(toml_text, file.string());
   } catch (const toml::parse_error& e) {
     const auto& b = e.source().begin;
     throw scenario_error({fmt::format("{}:{}:{}: not valid TOML: {}", file.string(), b.line, b.column, e.description())});
@@ -413,7 +434,7 @@ scenario load_scenario(const std::filesystem::path& file) {
   s.description = r.string(doc, "description", "").value_or("");
   read_target(r, doc, s);
   if (!s.config_path.empty() && r.problems().empty()) {
-    s.config = load_config(s.config_path);  // throws config_error naming its own keys
+    s.config = files.config(s.config_path);  // throws config_error naming its own keys
     if (s.target == target_kind::virtual_sim && s.config.backend.kind != backend_kind::sim) {
       r.error(doc.get("target"), "target.config",
               fmt::format("{} has backend.kind = \"{}\"; the virtual target runs the sim backend only",
@@ -422,7 +443,7 @@ scenario load_scenario(const std::filesystem::path& file) {
   }
   read_run(r, doc, s);
   read_capacity(r, doc, s);
-  if (r.problems().empty()) read_arrivals(r, doc, s);
+  if (r.problems().empty()) read_arrivals(r, doc, s, files);
   if (!r.problems().empty()) throw scenario_error(r.problems());
   return s;
 }

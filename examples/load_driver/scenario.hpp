@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -98,6 +100,16 @@ struct scenario {
 // validates. Throws scenario_error listing every problem, or config_error for the target's
 // configuration.
 scenario load_scenario(const std::filesystem::path& file);
+
+// Where the files a scenario names come from: the file system, or (a fuzz target) memory.
+struct scenario_files {
+  std::function<runtime_config(const std::filesystem::path&)> config;     // the target's configuration
+  std::function<std::optional<std::string>(const std::filesystem::path&)> text;  // a trace; nothing: unreadable
+  static scenario_files from_disk();
+};
+
+// The same for a scenario's text in memory, named `file` (its folder resolves relative paths).
+scenario parse_scenario(std::string_view toml_text, const std::filesystem::path& file, const scenario_files& files);
 
 // The target configuration for one run: `policy`, and quotas lifted when asked.
 runtime_config run_config(const scenario& s, admission_policy policy, bool lift_quotas);

@@ -40,6 +40,7 @@ struct harness_options {
   }
   double crash_probability = 0.0;
   uint64_t seed = 1;
+  double step_time_target_seconds = 0;  // 0: steps bounded by tokens only
 };
 
 class sim_harness {
@@ -73,6 +74,7 @@ class sim_harness {
     po.engine.limits = {o.max_step_tokens, o.max_step_seqs, o.max_preemptions, o.max_context, o.block_size};
     po.engine.max_waiting = o.max_step_seqs;
     po.engine.max_waiting_tokens = 2 * o.max_step_tokens;
+    po.engine.step_time_target_seconds = o.step_time_target_seconds;
     pipeline_ = spawn_pipeline(*sys_, po);
     int32_t queued = 0;
     for (const auto& t : o.tiers) queued += t.queue_bound;

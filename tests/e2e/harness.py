@@ -14,7 +14,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import capnp
@@ -33,6 +32,21 @@ BOB = "sk-free-bob-demo"
 
 # Raw text that the model continues for a long time (no chat template, no early end of turn).
 LONG_TEXT = "Once upon a time, in a small village by the sea, there lived"
+
+
+# Sanitizer builds run the model many times slower: every wait of the tests is stretched by
+# TIRELESS_TEST_TIME_SCALE (CMake sets it for them); SANITIZED skips checks of memory use.
+TIME_SCALE = float(os.environ.get("TIRELESS_TEST_TIME_SCALE", "1") or 1)
+SANITIZED = os.environ.get("TIRELESS_SANITIZED", "") not in ("", "0")
+
+
+def slack(seconds):
+    return seconds * TIME_SCALE
+
+
+async def wait_for(awaitable, timeout):
+    """asyncio.wait_for with the timeout stretched by TIME_SCALE."""
+    return await asyncio.wait_for(awaitable, slack(timeout))
 
 
 class TestFailure(AssertionError):
@@ -157,33 +171,28 @@ class Server:
         with open(self.config_path, "w") as f:
             f.write(edit_config(text, all_overrides, remove={("kv", "memory_mb")}, scale_tiers=tier_scale))
         self.stderr_path = os.path.join(workdir, f"{name}.stderr")
+        self.stdout_path = os.path.join(workdir, f"{name}.stdout")
         self._stderr = open(self.stderr_path, "wb")
+        # stdout to a file, polled here: no reader thread (see "Without threads" below).
+        self._stdout = open(self.stdout_path, "wb")
         self.proc = subprocess.Popen([binary, "--config", self.config_path, "--port", "0"],
-                                     stdout=subprocess.PIPE, stderr=self._stderr, stdin=subprocess.DEVNULL)
+                                     stdout=self._stdout, stderr=self._stderr, stdin=subprocess.DEVNULL)
         self.port = None
-        self._stdout_lines = []
-        deadline = time.monotonic() + start_timeout
-        line_box = []
-
-        def read_first():
-            line_box.append(self.proc.stdout.readline())
-
-        reader = threading.Thread(target=read_first, daemon=True)
-        reader.start()
-        reader.join(max(0.0, deadline - time.monotonic()))
-        line = line_box[0].decode(errors="replace") if line_box else ""
-        m = re.search(r"listening on ([0-9.]+):(\d+)", line)
+        deadline = time.monotonic() + slack(start_timeout)
+        m = None
+        line = ""
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            with open(self.stdout_path, "rb") as f:
+                line = f.readline().decode(errors="replace")
+            m = re.search(r"listening on ([0-9.]+):(\d+)", line)
+            if m and line.endswith("\n"):
+                break
+            time.sleep(0.05)
         if not m:
             self.kill()
             raise TestFailure(f"{name} did not print 'listening on' within {start_timeout} s "
                               f"(stdout {line!r}, exit {self.proc.returncode}); stderr:\n{self.stderr_text()}")
         self.host, self.port = m.group(1), int(m.group(2))
-        # Keep draining stdout so the server never blocks on a full pipe.
-        threading.Thread(target=self._drain, daemon=True).start()
-
-    def _drain(self):
-        for line in self.proc.stdout:
-            self._stdout_lines.append(line)
 
     def alive(self):
         return self.proc.poll() is None
@@ -216,10 +225,42 @@ class Server:
     def stop(self, timeout=15):
         """SIGTERM, then SIGKILL if it is still there after `timeout`; returns the exit code."""
         self.terminate()
-        if self.wait(timeout) is None:
+        if self.wait(slack(timeout)) is None:
             self.kill()
         self._stderr.close()
+        self._stdout.close()
         return self.proc.returncode
+
+
+# ---------------------------------------------------------------------------------------------
+# Without threads: a test process holds pycapnp objects, and one freed by a garbage collection
+# on a thread other than the event loop's aborts the process ("No event loop is running on
+# this thread"). So waiting for a process or a raw socket is done on the loop.
+
+
+async def wait_exit(server, timeout):
+    """The server's exit code once it exits, or None after `timeout` seconds."""
+    deadline = time.monotonic() + max(0.0, slack(timeout))
+    while server.alive() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return server.proc.poll()
+
+
+async def closed_by_server(reader, timeout):
+    """True when the server ends the connection (EOF or reset) within `timeout` seconds,
+    whatever it sends before; False if it is still open then."""
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if not await wait_for(reader.read(4096), left):
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except asyncio.TimeoutError:
+        return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,7 +346,7 @@ class Call:
 
     async def wait(self, timeout=60):
         try:
-            await asyncio.wait_for(asyncio.shield(self.sink.finished), timeout)
+            await wait_for(asyncio.shield(self.sink.finished), timeout)
         except asyncio.TimeoutError:
             raise TestFailure(f"no outcome within {timeout} s ({self.sink.received} tokens received)")
         return self.sink.outcome
@@ -321,7 +362,7 @@ async def finish(call, timeout=60, settle=0.2):
     """Waits for the outcome, checks that there is exactly one (done() once, and
     Generation.outcome() agrees), and returns it."""
     outcome = await call.wait(timeout)
-    remote = (await asyncio.wait_for(call.generation.outcome(), 10)).outcome
+    remote = (await wait_for(call.generation.outcome(), 10)).outcome
     await asyncio.sleep(settle)  # a second done() would arrive now
     check(call.sink.done_count == 1, f"done() was called {call.sink.done_count} times")
     check(remote.which() == outcome.which(),
@@ -360,12 +401,12 @@ def expect(outcome, which, reason=None):
 
 
 async def health(inference):
-    return (await asyncio.wait_for(inference.health(), 10)).health
+    return (await wait_for(inference.health(), 10)).health
 
 
 async def wait_kv_free(inference, want_free, timeout=20):
     """Polls health() until kvFreeBlocks == want_free and nothing runs; returns the last health."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + slack(timeout)
     while True:
         h = await health(inference)
         if h.kvFreeBlocks == want_free and h.running == 0 and h.queued == 0:

@@ -17,7 +17,6 @@ import gc
 import os
 import random
 import shutil
-import socket
 import struct
 import subprocess
 import sys
@@ -82,7 +81,7 @@ async def test_example_client(ctx):
         sys.executable, EXAMPLE_CLIENT, "--port", str(ctx.port), "--key", PREMIUM, "--max-tokens", "48",
         "Name three primary colors.", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), 120)
+        out, err = await h.wait_for(proc.communicate(), 120)
     except asyncio.TimeoutError:
         proc.kill()
         await proc.wait()
@@ -131,7 +130,7 @@ async def test_cancel(ctx):
     _, inf = await h.connect(ctx.port)
     start = await h.health(inf)
     call = await h.start(inf, h.new_request(PREMIUM, text=LONG_TEXT, max_tokens=2000))
-    await asyncio.wait_for(asyncio.shield(call.sink.first_token), 30)
+    await h.wait_for(asyncio.shield(call.sink.first_token), 30)
     await call.generation.cancel()
     outcome = await h.finish(call, timeout=20)
     expect(outcome, "cancelled", "client")
@@ -152,7 +151,7 @@ async def _tenant_cancelled(inf, key):
 
 
 async def _wait_cancelled(inf, key, want, timeout=20):
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + h.slack(timeout)
     while True:
         got = await _tenant_cancelled(inf, key)
         if got >= want:
@@ -171,7 +170,7 @@ async def test_disconnect_killed_client(ctx):
         sys.executable, os.path.join(HERE, "harness.py"), "stream", "--port", str(ctx.port), "--key", PREMIUM,
         "--max-tokens", "2000", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        line = await asyncio.wait_for(proc.stdout.readline(), 30)
+        line = await h.wait_for(proc.stdout.readline(), 30)
         check(line.strip() == b"first-token", f"the streaming client printed {line!r}, not first-token")
         running = await h.health(inf)
         check(running.running >= 1 and running.kvFreeBlocks < start.kvFreeBlocks,
@@ -190,7 +189,7 @@ async def test_disconnect_closed_connection(ctx):
     cancelled = await _tenant_cancelled(inf, PREMIUM)
     client, inf2 = await h.connect(ctx.port)
     call = await h.start(inf2, h.new_request(PREMIUM, text=LONG_TEXT, max_tokens=2000))
-    await asyncio.wait_for(asyncio.shield(call.sink.first_token), 30)
+    await h.wait_for(asyncio.shield(call.sink.first_token), 30)
     client.close()
     del call, inf2, client
     gc.collect()
@@ -202,7 +201,7 @@ async def test_drop_generation(ctx):
     _, inf = await h.connect(ctx.port)
     start = await h.health(inf)
     call = await h.start(inf, h.new_request(PREMIUM, text=LONG_TEXT, max_tokens=2000))
-    await asyncio.wait_for(asyncio.shield(call.sink.first_token), 30)
+    await h.wait_for(asyncio.shield(call.sink.first_token), 30)
     call.generation = None  # the last reference: pycapnp releases the capability
     gc.collect()
     # The connection and the sink are still there: the outcome arrives on the sink.
@@ -430,30 +429,21 @@ def _garbage_cases():
     ]
 
 
-def _send_garbage(port, data, half_close, timeout=10):
+async def _send_garbage(port, data, half_close, timeout=10):
     """Sends data; returns how the server ended the connection: 'closed' (EOF or reset) or
     'open' (still open after timeout)."""
-    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         try:
-            s.sendall(data)
+            writer.write(data)
+            await writer.drain()
             if half_close:
-                s.shutdown(socket.SHUT_WR)
+                writer.write_eof()
         except (BrokenPipeError, ConnectionResetError):
             return "closed"
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                chunk = s.recv(4096)
-            except socket.timeout:
-                break
-            except ConnectionResetError:
-                return "closed"
-            if not chunk:
-                return "closed"
-        return "open"
+        return "closed" if await h.closed_by_server(reader, timeout) else "open"
     finally:
-        s.close()
+        writer.close()
 
 
 async def test_malformed_frames(ctx):
@@ -464,7 +454,7 @@ async def test_malformed_frames(ctx):
     closed_in = []
     for name, data, half_close in _garbage_cases():
         t0 = time.monotonic()
-        how = await asyncio.to_thread(_send_garbage, ctx.port, data, half_close)
+        how = await _send_garbage(ctx.port, data, half_close)
         closed_in.append(f"{name}: {how} after {time.monotonic() - t0:.2f} s")
         if how != "closed":
             problems.append(f"{name}: the server kept the connection open")
@@ -538,7 +528,7 @@ async def test_shutdown_under_load(ctx):
         conns = [await h.connect(server.port) for _ in range(7)]
         calls = await asyncio.gather(*(h.start(inf, h.new_request(PREMIUM, text=LONG_TEXT, max_tokens=1500))
                                        for _, inf in conns[:6]))
-        await asyncio.wait_for(asyncio.gather(*(asyncio.shield(c.sink.first_token) for c in calls)), 60)
+        await h.wait_for(asyncio.gather(*(asyncio.shield(c.sink.first_token) for c in calls)), 60)
         t0 = time.monotonic()
         server.terminate()
         await asyncio.sleep(0.3)
@@ -560,7 +550,7 @@ async def test_shutdown_under_load(ctx):
                 problems.append(f"client {i}: {h.describe(o)}")
             if c.sink.done_count != 1:
                 problems.append(f"client {i}: done() called {c.sink.done_count} times")
-        code = await asyncio.to_thread(server.wait, grace + 5 - (time.monotonic() - t0))
+        code = await h.wait_exit(server, grace + 5 - (time.monotonic() - t0))
         elapsed = time.monotonic() - t0
         had_outcomes = "" if problems else "; every client had its outcome"
         if code is None:
@@ -582,7 +572,7 @@ async def test_shutdown_under_load(ctx):
 
 
 async def wait_streams_closed(inf, timeout=10):
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + h.slack(timeout)
     while True:
         hl = await h.health(inf)
         if hl.openStreams == 0:
@@ -612,7 +602,7 @@ async def test_streams_let_go_of_their_sinks(ctx):
 async def test_a_request_without_a_sink_is_refused(ctx):
     _, inf = await h.connect(ctx.port)
     result = await inf.generate(request=h.new_request(PREMIUM, "Say hello.", max_tokens=8))
-    outcome = (await asyncio.wait_for(result.generation.outcome(), 20)).outcome
+    outcome = (await h.wait_for(result.generation.outcome(), 20)).outcome
     detail = expect(outcome, "rejected", "invalid")
     check("sink" in detail.message, f"the refusal does not say the sink is missing: {detail.message!r}")
     check(outcome.usage.completionTokens == 0, "a request without a sink generated tokens")
@@ -654,7 +644,8 @@ async def test_huge_texts_end_in_an_outcome(ctx):
     rss1 = server_rss_mb(ctx.server)
     notes.append(f"server RSS {rss0:.0f} -> {rss1:.0f} MB")
     ctx.note("; ".join(notes))
-    check(rss1 - rss0 < 100, f"the server kept {rss1 - rss0:.0f} MB after refusing the texts")
+    # (Under AddressSanitizer freed memory waits in its quarantine: RSS says nothing there.)
+    check(h.SANITIZED or rss1 - rss0 < 100, f"the server kept {rss1 - rss0:.0f} MB after refusing the texts")
     _, outcome = await h.generate(inf, h.new_request(PREMIUM, "Say hello.", max_tokens=4))
     expect(outcome, "completed")
 
@@ -688,36 +679,18 @@ LIMITS = {("server", "max_connections"): 6, ("server", "max_connections_per_peer
           ("server", "idle_timeout_ms"): 1500, ("server", "handshake_timeout_ms"): 1000}
 
 
-def _raw_connections(port, n):
-    socks = []
-    for _ in range(n):
-        s = socket.create_connection(("127.0.0.1", port), timeout=10)
-        socks.append(s)
-    return socks
-
-
-def _closed_by_server(sock, timeout):
-    sock.settimeout(timeout)
-    try:
-        return sock.recv(1) == b""
-    except ConnectionResetError:
-        return True
-    except socket.timeout:
-        return False
-
-
 async def test_idle_connections_cannot_lock_everyone_out(ctx):
     server = h.Server(ctx.args.server, ctx.args.config, ctx.workdir, overrides=LIMITS, name="limits")
     try:
         # Connections that never speak: a newcomer still gets in (the longest-idle one makes
         # room), and the silent ones are closed after the handshake timeout.
-        silent = await asyncio.to_thread(_raw_connections, server.port, 6)
+        silent = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(6)]
         _, inf = await h.connect(server.port)
         _, outcome = await h.generate(inf, h.new_request(PREMIUM, "Say hello.", max_tokens=4))
         expect(outcome, "completed")
-        closed = await asyncio.gather(*(asyncio.to_thread(_closed_by_server, s, 10) for s in silent))
-        for s in silent:
-            s.close()
+        closed = await asyncio.gather(*(h.closed_by_server(r, 10) for r, _ in silent))
+        for _, w in silent:
+            w.close()
         check(all(closed), f"{closed.count(False)} of 6 silent connections were still open after 10 s "
                            f"(server.handshake_timeout_ms is 1000)")
 
@@ -779,7 +752,7 @@ EXPECTED_FAILURES = {}
 
 
 async def _run_one(fn, ctx):
-    await asyncio.wait_for(fn(ctx), TEST_TIMEOUT_S)
+    await asyncio.wait_for(fn(ctx), h.slack(TEST_TIMEOUT_S))
 
 
 def run_test(fn, ctx):

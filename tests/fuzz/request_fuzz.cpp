@@ -3,7 +3,7 @@
 // decodes to a request or to a message saying what is wrong; never anything else (another
 // exception is a finding too). A request that decodes carries the wire's values, within the
 // limits it was decoded with; a refusal is invalid, or prompt_too_long for a text over the
-// byte bound.
+// byte bound. Requests that decode then go through the runtime's request checks.
 
 #include <capnp/message.h>
 #include <capnp/serialize.h>
@@ -16,6 +16,7 @@
 #include <variant>
 
 #include "protocol/tireless.capnp.h"
+#include "actors/request_checks.hpp"
 #include "server/request_decoder.hpp"
 
 namespace {
@@ -95,6 +96,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto decoded = decode_request(request, limits);
     if (auto* ok = std::get_if<decoded_request>(&decoded)) {
       check_accepted(request, ok->req, limits);
+      // The runtime's checks of a request (a backend without a tokenizer: token ids only).
+      const request_limits rl{4096, 2048, 256};
+      const auto problem = check_request(ok->req, nullptr, static_cast<int32_t>(ok->req.prompt_tokens.size()), rl);
+      if (problem && problem->message.empty()) __builtin_trap();
+      prepared_prompt prepared;
+      const auto prep = prepare_prompt(ok->req, nullptr, rl, prepared);
+      if (ok->req.prompt_tokens.empty() != prep.has_value()) __builtin_trap();  // text needs a tokenizer
     } else {
       const request_problem& p = std::get<request_problem>(decoded);
       if (p.message.empty()) __builtin_trap();  // a refusal must say what is wrong

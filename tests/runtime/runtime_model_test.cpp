@@ -101,6 +101,44 @@ TEST_F(runtime_model, sixteen_concurrent_requests_give_exactly_the_tokens_each_g
   EXPECT_EQ(s.kv_blocks_free, s.kv_blocks_total);
 }
 
+// A shard that crashes mid-step (after the backend ran it, before it answered) is restarted and
+// its step re-run: every request ends once, with exactly the tokens of a run without faults
+// (sampled ones too: a draw depends on the request's seed and position only), and the KV
+// blocks all come back. Slow spells on top change timings, not tokens.
+TEST_F(runtime_model, shard_crashes_mid_step_and_slow_spells_change_no_token) {
+  auto sampled = [](request r, uint64_t seed) {
+    r.sampling.temperature = 0.8f;
+    r.sampling.top_p = 0.95f;
+    r.sampling.seed = seed;
+    return r;
+  };
+  auto run = [&](const std::string& faults) {
+    runtime_config c = config(faults);
+    c.backend.max_shard_restarts = 1000;
+    auto rt = runtime::start(c);
+    std::vector<std::future<outcome>> out;
+    for (size_t i = 0; i < 8; ++i) {
+      request r = chat(questions[i], 20, i % 2 ? "key-a" : "key-b");
+      out.push_back(rt->generate(i % 3 == 0 ? sampled(r, 100 + i) : r));
+    }
+    std::vector<outcome> done;
+    for (auto& f : out) done.push_back(f.get());
+    const runtime_stats s = rt->stats();
+    EXPECT_EQ(s.kv_blocks_free, s.kv_blocks_total);
+    return std::make_pair(done, s.shard_restarts);
+  };
+  const auto [clean, no_restarts] = run("");
+  const auto [faulty, restarts] =
+      run("[faults]\nshard_crash_per_step = 0.15\nshard_slow_per_step = 0.1\nshard_slow_ms = 200\n"
+          "shard_slow_factor = 2\nseed = 11");
+  EXPECT_EQ(no_restarts, 0);
+  EXPECT_GT(restarts, 0) << "no fault was injected";
+  for (size_t i = 0; i < clean.size(); ++i) {
+    ASSERT_EQ(faulty[i].kind, outcome_kind::completed) << faulty[i].message;
+    EXPECT_EQ(faulty[i].tokens, clean[i].tokens) << "request " << i;
+  }
+}
+
 TEST_F(runtime_model, requests_sharing_a_system_prompt_reuse_its_blocks_with_identical_outputs) {
   const std::string system(
       "You are a careful assistant for a library. Answer briefly and politely. Always name the section "

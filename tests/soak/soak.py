@@ -43,6 +43,7 @@ def soak_overrides(handshake_ms):
         ("server", "handshake_timeout_ms"): handshake_ms,
         ("server", "idle_timeout_ms"): 30000,
         ("kv", "blocks"): 320,           # ~5k tokens: a few long documents fill it
+        ("backend", "max_context"): 2048,
         ("backend", "max_shard_restarts"): 20,
         ("faults", "shard_crash_per_step"): 0.003,
         ("faults", "shard_slow_per_step"): 0.004,
@@ -78,6 +79,20 @@ async def stats_and_health(port):
     }
     client.close()
     return out
+
+
+async def fill_the_pool(port, n=8):
+    """Long documents at once, more than the KV pool holds: every block is written (and its
+    pages touched) before RSS is watched, and the engine preempts from the start."""
+    conns = [await h.connect(port) for _ in range(n)]
+    words = "river stone lantern orchard signal harbor meadow copper violet engine".split()
+    doc = " ".join(words[i % len(words)] + str(i) for i in range(300))  # ~1,000 tokens
+    calls = [await h.start(inf, h.new_request(h.PREMIUM, text=f"{i}: {doc}", max_tokens=24))
+             for i, (_, inf) in enumerate(conns)]
+    outcomes = [await c.wait(timeout=300) for c in calls]
+    for c, _ in conns:
+        c.close()
+    return outcomes
 
 
 async def measure_capacity(port, seconds=20.0, concurrency=6):
@@ -119,7 +134,7 @@ async def shutdown_under_load(server):
             problems.append(f"stream {i}: {h.describe(o)}")
         if c.sink.done_count != 1:
             problems.append(f"stream {i}: done() {c.sink.done_count} times")
-    code = await asyncio.to_thread(server.wait, 30)
+    code = await h.wait_exit(server, 30)
     if code != 0:
         problems.append(f"the server exited {code}")
     return problems, [h.describe(o) for o in outcomes]
@@ -164,6 +179,8 @@ def main():
         checks.append((name, ok, detail))
 
     try:
+        filled = asyncio.run(capnp.run(fill_the_pool(server.port)))
+        lines.append("pool filled first: " + ", ".join(h.describe(o) for o in filled))
         capacity = asyncio.run(capnp.run(measure_capacity(server.port)))
         rate = args.load * max(capacity, 0.2)
         lines.append(f"capacity (premium chats, closed loop): {capacity:.2f} requests/s; "
@@ -224,7 +241,7 @@ def main():
 
     # --- the report
     outcomes, requests = {}, {}
-    lost, duplicates, errors = [], [], {}
+    lost, duplicates, errors, failures = [], [], {}, {}
     retries = retries_early = hints_missing = preemptions = degraded = 0
     retry_outcomes = {}
     malformed = silent = silent_closed = silent_open = 0
@@ -239,6 +256,8 @@ def main():
         duplicates += c["duplicates"]
         for k, n in c["errors"].items():
             errors[k] = errors.get(k, 0) + n
+        for k, n in c.get("failures", {}).items():
+            failures[k] = failures.get(k, 0) + n
         retries += c["retries"]
         retries_early += c["retries_early"]
         hints_missing += c["hints_missing"]
@@ -265,6 +284,8 @@ def main():
                  f"server's handshake timeout, {silent_open} left open")
     if errors:
         lines.append("transport errors seen by clients: " + "; ".join(f"{k} x{n}" for k, n in errors.items()))
+    if failures:
+        lines.append("failed outcomes: " + "; ".join(f"{k!r} x{n}" for k, n in failures.items()))
     if end:
         lines.append(f"server at rest: received {end['received']}, completed {end['completed']}, rejected "
                      f"{end['rejected']}, cancelled {end['cancelled']}, failed {end['failed']}, open {end['open']}; "

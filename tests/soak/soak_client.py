@@ -18,7 +18,6 @@ import gc
 import json
 import os
 import random
-import socket
 import struct
 import sys
 import time
@@ -53,6 +52,7 @@ class Stats:
         self.lost = []          # requests that expected an outcome and got none
         self.duplicates = []    # requests whose sink saw done() more than once
         self.errors = collections.Counter()  # transport errors by kind
+        self.failures = collections.Counter()  # failed outcomes by message
         self.requests = collections.Counter()  # behaviour -> requests started
         self.retries = 0
         self.retries_early = 0  # retried sooner than the hint said (never, by construction)
@@ -70,6 +70,7 @@ class Stats:
             "outcomes": {b: dict(c) for b, c in self.outcomes.items()},
             "requests": dict(self.requests),
             "lost": self.lost, "duplicates": self.duplicates, "errors": dict(self.errors),
+            "failures": dict(self.failures),
             "retries": self.retries, "retries_early": self.retries_early,
             "retry_outcomes": dict(self.retry_outcomes), "hints_missing": self.hints_missing,
             "preemptions": self.preemptions, "degraded": self.degraded,
@@ -93,9 +94,10 @@ class Client:
         self.next_id = 0
 
     async def connection(self):
-        """A shared connection; a broken one is replaced."""
+        """A shared connection (a new one is used at once); a broken one is replaced."""
         if len(self.pool) < 4:
             self.pool.append(await h.connect(self.port))
+            return self.pool[-1]
         return self.rng.choice(self.pool)
 
     def drop(self, conn):
@@ -151,6 +153,8 @@ class Client:
             return None
         o = sink.outcome
         self.stats.outcomes[behaviour][label(o)] += 1
+        if o.which() == "failed":
+            self.stats.failures[o.failed.message[:160]] += 1
         self.stats.preemptions += o.usage.preemptions
         self.stats.degraded += 1 if len(o.degradations) else 0
         return o
@@ -262,41 +266,48 @@ def garbage_frames(rng):
     yield struct.pack("<II", 0, 8) + bytes([0xFF]) * 64
 
 
-def send_garbage(port, data):
+async def send_garbage(port, data):
+    """Sends garbage and waits (at most 5 s) for the server to close the connection."""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-            s.sendall(data)
-            s.settimeout(5)
-            while s.recv(4096):
-                pass
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
     except OSError:
+        return
+    try:
+        writer.write(data)
+        await writer.drain()
+        await asyncio.wait_for(reader.read(), 5)
+    except (OSError, asyncio.TimeoutError):
         pass
+    finally:
+        writer.close()
 
 
-def silent_socket_closed(port, wait_s):
+async def silent_connection_closed(port, wait_s):
     """Opens a connection that never speaks; True when the server closes it within wait_s."""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-            s.settimeout(wait_s)
-            try:
-                return s.recv(1) == b""
-            except ConnectionResetError:
-                return True
-            except socket.timeout:
-                return False
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
     except OSError:
         return True
+    try:
+        return await asyncio.wait_for(reader.read(1), wait_s) == b""
+    except ConnectionResetError:
+        return True
+    except asyncio.TimeoutError:
+        return False
+    finally:
+        writer.close()
 
 
 async def chaos(port, rng, stats, until, handshake_s):
+    # No threads here: a pycapnp object freed by a garbage collection on another thread
+    # than the event loop's aborts the process.
     frames = list(garbage_frames(rng))
     while time.monotonic() < until:
         await asyncio.sleep(rng.uniform(5, 15))
-        await asyncio.to_thread(send_garbage, port, rng.choice(frames))
+        await send_garbage(port, rng.choice(frames))
         stats.malformed_sent += 1
         stats.silent_opened += 1
-        closed = await asyncio.to_thread(silent_socket_closed, port, handshake_s + 10)
-        if closed:
+        if await silent_connection_closed(port, handshake_s + 10):
             stats.silent_closed_by_server += 1
         else:
             stats.silent_left_open += 1
