@@ -143,7 +143,7 @@ int32_t token_budget(const engine_state& st) {
   const sequence_counts c = st.core->counts();
   const double decodes = std::min(c.running, st.o.limits.max_step_seqs);
   const double spare = b.seconds - b.c0 - b.per_decode * decodes - b.per_context_position * c.running_context;
-  const int32_t floor = static_cast<int32_t>(decodes) + 16;
+  const int32_t floor = static_cast<int32_t>(decodes) + min_step_prefill_tokens;
   return std::clamp(static_cast<int32_t>(decodes + std::max(spare / b.per_prefill_token, 0.0)),
                     std::min(floor, max_tokens), max_tokens);
 }

@@ -74,11 +74,7 @@ kv_request batch_scheduler::propose(const step_time_budget& time) {
     if (!s.paused() && static_cast<int32_t>(s.tokens.size()) > s.computed) placed.push_back(i);
   }
   std::vector<int32_t> tokens(order.size(), 0);
-  int32_t stepped = 0;
-  auto take = [&](size_t i, int32_t n) {
-    tokens[i] = n;
-    ++stepped;
-  };
+  auto take = [&](size_t i, int32_t n) { tokens[i] = n; };
   auto is_decode = [](const sequence& s) {
     return s.running && static_cast<int32_t>(s.tokens.size()) - s.computed == 1;
   };
@@ -102,18 +98,24 @@ kv_request batch_scheduler::propose(const step_time_budget& time) {
   } else {
     // The step time is the budget (the tightest tier's time per output token): work goes in
     // keep order, each tier's decodes before its prefill, so a premium prompt is prefilled
-    // before a free request's next token; what does not fit waits for the next step. The
-    // first decode of the order always runs, so the step makes progress.
+    // before a free request's next token; what does not fit waits for the next step. Two
+    // floors hold whatever the budget (a machine slower than the target, a sanitizer build):
+    // every decode of the first tier runs (skipping one only makes that tier's time per
+    // token worse), and prefill advances by min_step_prefill_tokens in keep order, the
+    // progress admission's predictions count on (so a waiting request is never starved
+    // by running decodes that fill the step's time).
     double left = time.seconds - time.c0;
+    int32_t prefill_floor = min_step_prefill_tokens;
     auto tier_end = placed.begin();
     for (auto it = placed.begin(); it != placed.end(); it = tier_end) {
       const int32_t priority = order[*it]->spec.priority;
+      const bool first_tier = it == placed.begin();
       tier_end = std::find_if(it, placed.end(), [&](size_t i) { return order[i]->spec.priority != priority; });
       for (auto d = it; d != tier_end; ++d) {
         const sequence& s = *order[*d];
         if (!is_decode(s) || budget <= 0) continue;
         const double cost = time.per_decode + time.per_context_position * s.computed;
-        if (cost > left && stepped > 0) continue;
+        if (cost > left && !first_tier) continue;
         take(*d, 1);
         --budget;
         left -= cost;
@@ -123,11 +125,12 @@ kv_request batch_scheduler::propose(const step_time_budget& time) {
         const sequence& s = *order[*p];
         const int32_t fit = time.per_prefill_token > 0 ? static_cast<int32_t>(left / time.per_prefill_token) : budget;
         const int32_t n = std::min({static_cast<int32_t>(s.tokens.size()) - s.computed, budget,
-                                    stepped == 0 ? std::max(fit, 1) : fit});
+                                    std::max(fit, prefill_floor)});
         if (n <= 0) continue;
         take(*p, n);
         budget -= n;
         left -= n * time.per_prefill_token;
+        prefill_floor = std::max(prefill_floor - n, 0);
       }
     }
   }

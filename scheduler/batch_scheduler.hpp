@@ -27,6 +27,10 @@ struct scheduler_limits {
   int32_t block_size = 16;       // of the KV pool: full blocks are offered to the prefix cache
 };
 
+// Prompt tokens a step computes whatever its time budget, while a prompt waits: the least
+// prefill progress a step makes (admission's predictions count on it).
+constexpr int32_t min_step_prefill_tokens = 16;
+
 // A step's time budget, by a model of step cost; seconds = 0: only max_step_tokens limits it.
 struct step_time_budget {
   double seconds = 0;

@@ -172,22 +172,29 @@ connection_manager::~connection_manager() {
 }
 
 kj::Promise<void> connection_manager::listen(kj::ConnectionReceiver& listener) {
-  return listener.accept().then([this, &listener](kj::Own<kj::AsyncIoStream>&& stream) {
-    accept(kj::mv(stream));
-    return listen(listener);
-  });
+  return listener.accept().then(
+      [this, &listener](kj::Own<kj::AsyncIoStream>&& stream) {
+        accept(kj::mv(stream));
+        return listen(listener);
+      },
+      [this, &listener](kj::Exception&& e) {
+        // Out of file descriptors, say: the server keeps listening once some are back.
+        spdlog::warn("accepting a connection failed ({}); trying again in 100 ms", e.getDescription().cStr());
+        return timer_.afterDelay(100 * kj::MILLISECONDS).then([this, &listener] { return listen(listener); });
+      });
 }
 
 void connection_manager::accept(kj::Own<kj::AsyncIoStream> stream) {
   const std::string peer = peer_of(*stream);
   std::string refusal;
-  if (!peer.empty() && per_peer_[peer] >= limits_.max_per_peer) {
+  const auto from_peer = per_peer_.find(peer);
+  if (!peer.empty() && from_peer != per_peer_.end() && from_peer->second >= limits_.max_per_peer) {
     if (const uint64_t idle = longest_idle(&peer)) {
       close(idle, "evicted: its peer is at server.max_connections_per_peer and it was idle");
       ++counts_.evicted;
     } else {
       refusal = fmt::format("{} connections from {} are open (server.max_connections_per_peer); close one, "
-                            "or retry later", per_peer_[peer], peer);
+                            "or retry later", from_peer->second, peer);
     }
   }
   if (refusal.empty() && open_count_ >= limits_.max_connections) {
