@@ -86,7 +86,7 @@ async def fill_the_pool(port, n=8):
     pages touched) before RSS is watched, and the engine preempts from the start."""
     conns = [await h.connect(port) for _ in range(n)]
     words = "river stone lantern orchard signal harbor meadow copper violet engine".split()
-    doc = " ".join(words[i % len(words)] + str(i) for i in range(300))  # ~1,000 tokens
+    doc = " ".join(words[i % len(words)] + str(i) for i in range(140))  # ~950 tokens
     calls = [await h.start(inf, h.new_request(h.PREMIUM, text=f"{i}: {doc}", max_tokens=24))
              for i, (_, inf) in enumerate(conns)]
     outcomes = [await c.wait(timeout=300) for c in calls]
@@ -181,6 +181,8 @@ def main():
     try:
         filled = asyncio.run(capnp.run(fill_the_pool(server.port)))
         lines.append("pool filled first: " + ", ".join(h.describe(o) for o in filled))
+        check("the KV pool was filled before RSS was watched", all(o.which() == "completed" for o in filled),
+              f"{sum(o.which() == 'completed' for o in filled)} of {len(filled)} long documents completed")
         capacity = asyncio.run(capnp.run(measure_capacity(server.port)))
         rate = args.load * max(capacity, 0.2)
         lines.append(f"capacity (premium chats, closed loop): {capacity:.2f} requests/s; "

@@ -85,6 +85,13 @@ def label(outcome):
     return f"{which}/{detail.reason}" if hasattr(detail, "reason") else which
 
 
+class TransportError(Exception):
+    """A transport error and the stage of the request it broke."""
+
+    def __init__(self, stage, error):
+        super().__init__(f"in {stage}: {type(error).__name__}: {str(error).splitlines()[0][:100]}")
+
+
 class Client:
     def __init__(self, port, rng, stats):
         self.port = port
@@ -175,7 +182,8 @@ class Client:
             else:
                 await self.through_pool(behaviour, rid)
         except Exception as e:  # noqa: BLE001 - a transport error is counted, the soak goes on
-            self.stats.errors[f"{behaviour}: {type(e).__name__}: {str(e)[:80]}"] += 1
+            text = str(e) if isinstance(e, TransportError) else f"{type(e).__name__}: {str(e).splitlines()[0][:100]}"
+            self.stats.errors[f"{behaviour}: {text}"] += 1
 
     async def through_pool(self, behaviour, rid):
         attempts = 0
@@ -187,17 +195,21 @@ class Client:
             sink = SlowSink(self.rng.uniform(1.0, 3.0)) if behaviour == "slow_reader" else h.Sink()
             try:
                 result = await asyncio.wait_for(inf.generate(request, sink), 30)
-            except Exception:
+            except Exception as e:
                 self.drop(conn)
-                raise
+                raise TransportError("generate() itself", e) from e
             generation = result.generation
-            if behaviour == "cancel":
-                await self.wait_first_token(sink, 30)
-                await generation.cancel()
-            elif behaviour == "drop_generation":
-                await self.wait_first_token(sink, 30)
-                del generation, result
-                gc.collect()
+            try:
+                if behaviour == "cancel":
+                    await self.wait_first_token(sink, 30)
+                    await generation.cancel()
+                elif behaviour == "drop_generation":
+                    await self.wait_first_token(sink, 30)
+                    del generation, result
+                    gc.collect()
+            except Exception as e:
+                self.drop(conn)
+                raise TransportError("a call on the Generation", e) from e
             await self.wait_done(sink, WAIT_S)
             outcome = self.record(behaviour, rid, sink, True)
             if outcome is not None and attempts > 1:
