@@ -78,6 +78,40 @@ std::string describe_mix(const scenario& s) {
   return out + fmt::format("  mean ~{:.0f} prompt and ~{:.0f} output tokens a request\n", prompt, output);
 }
 
+// --fault KEY=VALUE: a key of the config's [faults] table, set on the target's configuration.
+void apply_fault(fault_settings& f, const std::string& item) {
+  const auto eq = item.find('=');
+  const std::string key = item.substr(0, eq);
+  double v = 0;
+  try {
+    if (eq == std::string::npos) throw std::invalid_argument("no value");
+    size_t used = 0;
+    v = std::stod(item.substr(eq + 1), &used);
+    if (used != item.size() - eq - 1) throw std::invalid_argument("trailing text");
+  } catch (const std::exception&) {
+    throw std::runtime_error(fmt::format("--fault {}: give KEY=NUMBER, e.g. --fault shard_crash_per_step=0.001", item));
+  }
+  auto probability = [&](double& field) {
+    if (!(v >= 0 && v <= 1)) throw std::runtime_error(fmt::format("--fault {}: {} is a probability in [0, 1]", item, key));
+    field = v;
+  };
+  if (key == "shard_crash_per_step") {
+    probability(f.shard_crash_per_step);
+  } else if (key == "shard_slow_per_step") {
+    probability(f.shard_slow_per_step);
+  } else if (key == "shard_slow_ms" && v >= 0) {
+    f.shard_slow = std::chrono::milliseconds(static_cast<int64_t>(v));
+  } else if (key == "shard_slow_factor" && v >= 1) {
+    f.shard_slow_factor = v;
+  } else if (key == "seed" && v >= 0) {
+    f.seed = static_cast<int64_t>(v);
+  } else {
+    throw std::runtime_error(fmt::format(
+        "--fault {}: the keys are shard_crash_per_step and shard_slow_per_step (probabilities), shard_slow_ms "
+        "(>= 0), shard_slow_factor (>= 1) and seed, as in the config's [faults]", item));
+  }
+}
+
 std::string command_line(int argc, char** argv) {
   std::string out;
   for (int i = 0; i < argc; ++i) out += (i ? " " : "") + std::string(argv[i]);
@@ -103,6 +137,10 @@ int main(int argc, char** argv) {
   app.add_option("--calibration", calibration, "seconds of the capacity measurement (overrides capacity.calibration_s)")
       ->check(CLI::PositiveNumber);
   app.add_option("--serve", serve, "the tireless-serve program (server scenarios; default: next to this program's build)");
+  std::vector<std::string> faults;
+  app.add_option("--fault", faults, "inject faults into a virtual target: KEY=VALUE with a key of the config's [faults] "
+                                    "(shard_crash_per_step=0.001, shard_slow_per_step, shard_slow_ms, shard_slow_factor, "
+                                    "seed); repeatable. A server target takes [faults] from its own config");
   app.add_flag("--json", json_out, "print the results as JSON on stdout instead of tables");
   app.add_flag("--requests", with_requests, "include every request in the JSON file");
   CLI11_PARSE(app, argc, argv);
@@ -116,6 +154,10 @@ int main(int argc, char** argv) {
     if (warmup >= 0) s.warmup_s = warmup;
     if (capacity > 0) s.capacity_rps = capacity;
     if (calibration > 0) s.calibration_s = calibration;
+    if (!faults.empty() && s.target != target_kind::virtual_sim) {
+      throw std::runtime_error("--fault applies to a virtual target; a server takes [faults] from its own config");
+    }
+    for (const std::string& f : faults) apply_fault(s.config.faults, f);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tireless-load: %s\n", e.what());
     return 2;
@@ -150,6 +192,12 @@ int main(int argc, char** argv) {
   }
   print(fmt::format("target: {}\nquotas: {}\nmix:\n{}", t->describe(),
                     s.lift_quotas ? "lifted (tenants' quotas removed in every run)" : "as configured", describe_mix(s)));
+  if (const fault_settings& f = s.config.faults; f.any()) {
+    print(fmt::format("faults: a shard crashes mid-step with p={} a step, a slow spell ({} ms, {}x) begins with p={} "
+                      "(seed {}); the shard supervisor restarts and re-runs (backend.max_shard_restarts = {} in {} ms)\n",
+                      f.shard_crash_per_step, f.shard_slow.count(), f.shard_slow_factor, f.shard_slow_per_step, f.seed,
+                      s.config.backend.max_shard_restarts, s.config.backend.shard_restart_window.count()));
+  }
 
   capacity_result cap;
   try {
