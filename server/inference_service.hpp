@@ -71,6 +71,7 @@ class inference_service {
   };
 
  private:
+  kj::Promise<runtime_stats> runtime_stats_async();
   void finished(const std::string& tenant, const outcome& o);
   // Ends `s` with `o` (loop thread): its outcome goes to the client, then it lets go of the sink.
   void deliver(const std::shared_ptr<generation_state>& s, const outcome& o);

@@ -78,6 +78,24 @@ def model_path_of(config_text):
     return None
 
 
+def missing_model(config_path):
+    """A line saying the config's model file is missing (the caller skips), or None."""
+    with open(config_path) as f:
+        model = model_path_of(f.read())
+    if not model or not os.path.exists(model):
+        return f"SKIP: the model {model} is missing (scripts/fetch-model puts it there)"
+    return None
+
+
+def rss_mb(pid):
+    """The resident memory of a process, in MB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def toml_value(v):
     if isinstance(v, bool):
         return "true" if v else "false"

@@ -615,18 +615,10 @@ def server_cpu_seconds(server):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def server_rss_mb(server):
-    with open(f"/proc/{server.proc.pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
 async def test_huge_texts_end_in_an_outcome(ctx):
     """Texts under the transport's 64 MB limit are refused as outcomes, before any tokenizing."""
     _, inf = await h.connect(ctx.port)
-    rss0 = server_rss_mb(ctx.server)
+    rss0 = h.rss_mb(ctx.server.proc.pid)
     notes = []
     for mb in (38, 30, 4):
         text = "lorem ipsum " * (mb * 1024 * 1024 // 12)
@@ -641,7 +633,7 @@ async def test_huge_texts_end_in_an_outcome(ctx):
         expect(outcome, "rejected", "promptTooLong")
         del text, chat
     gc.collect()
-    rss1 = server_rss_mb(ctx.server)
+    rss1 = h.rss_mb(ctx.server.proc.pid)
     notes.append(f"server RSS {rss0:.0f} -> {rss1:.0f} MB")
     ctx.note("; ".join(notes))
     # (Under AddressSanitizer freed memory waits in its quarantine: RSS says nothing there.)
@@ -784,10 +776,8 @@ def main():
     p.add_argument("--keep", action="store_true", help="keep the temp dir (configs, server stderr)")
     args = p.parse_args()
 
-    with open(args.config) as f:
-        model = h.model_path_of(f.read())
-    if not model or not os.path.exists(model):
-        print(f"SKIP: the model {model} is missing (scripts/fetch-model puts it there)")
+    if skip := h.missing_model(args.config):
+        print(skip)
         return 77
     if not os.access(args.server, os.X_OK):
         print(f"FAIL: {args.server} is not an executable")

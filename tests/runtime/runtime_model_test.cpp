@@ -1,6 +1,7 @@
 // The embedded runtime with the real SmolLM2 model on the CPU: real threads, real text.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <future>
@@ -16,6 +17,20 @@ namespace {
 
 std::string model_path() {
   return std::string(std::getenv("HOME")) + "/.cache/tireless/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+// The runtime's stats once the requests that ended have given their blocks back: a release
+// rides the engine's next KV request, after the step in flight (a slow one under a sanitizer
+// or a loaded host), so it is waited for, up to a minute, not assumed.
+template <class Runtime>
+runtime_stats settled_stats(Runtime& rt) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  runtime_stats s = rt.stats();
+  while ((s.kv_blocks_free != s.kv_blocks_total || s.live_requests != 0) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    s = rt.stats();
+  }
+  return s;
 }
 
 runtime_config config(const std::string& extra = "", int kv_blocks = 0, bool prefix_caching = true,
@@ -97,7 +112,7 @@ TEST_F(runtime_model, sixteen_concurrent_requests_give_exactly_the_tokens_each_g
     ASSERT_EQ(o.kind, outcome_kind::completed) << o.message;
     EXPECT_EQ(o.tokens, alone[i]) << "question " << i << ": " << questions[i];
   }
-  const runtime_stats s = rt->stats();
+  const runtime_stats s = settled_stats(*rt);
   EXPECT_EQ(s.kv_blocks_free, s.kv_blocks_total);
 }
 
@@ -123,7 +138,7 @@ TEST_F(runtime_model, shard_crashes_mid_step_and_slow_spells_change_no_token) {
     }
     std::vector<outcome> done;
     for (auto& f : out) done.push_back(f.get());
-    const runtime_stats s = rt->stats();
+    const runtime_stats s = settled_stats(*rt);
     EXPECT_EQ(s.kv_blocks_free, s.kv_blocks_total);
     return std::make_pair(done, s.shard_restarts);
   };
@@ -197,7 +212,7 @@ TEST_F(runtime_model, a_kv_pool_too_small_for_the_load_preempts_and_outputs_stay
     preemptions += o.preemptions;
   }
   EXPECT_GT(preemptions, 0);
-  const runtime_stats s = rt->stats();
+  const runtime_stats s = settled_stats(*rt);
   EXPECT_EQ(s.kv_blocks_free, s.kv_blocks_total);
 }
 
@@ -228,7 +243,7 @@ TEST_F(runtime_model, bad_requests_are_refused_with_a_reason_and_nothing_is_lost
   bad_token.messages.clear();
   bad_token.prompt_tokens = {1, 2, 999999};
   expect_rejected(bad_token, "invalid");
-  const runtime_stats s = rt->stats();
+  const runtime_stats s = settled_stats(*rt);
   EXPECT_EQ(s.live_requests, 0);
   EXPECT_EQ(s.kv_blocks_free, s.kv_blocks_total);
 }
@@ -306,8 +321,7 @@ TEST_F(runtime_model, cancel_stop_strings_and_timeouts_each_end_a_request_once) 
   EXPECT_EQ(c.kind, outcome_kind::cancelled);
   EXPECT_EQ(c.reason, "client");
   EXPECT_FALSE(rt->cancel(id)) << "an ended request cannot be cancelled again";
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  const runtime_stats st = rt->stats();
+  const runtime_stats st = settled_stats(*rt);
   EXPECT_EQ(st.kv_blocks_free, st.kv_blocks_total) << "cancelled requests give their blocks back";
 }
 

@@ -57,14 +57,6 @@ def with_faults_section(text):
     return text if "\n[faults]" in text else text + "\n[faults]\n"
 
 
-def rss_mb(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
 async def stats_and_health(port):
     client, inf = await h.connect(port)
     s = (await asyncio.wait_for(inf.stats(""), 20)).stats
@@ -156,10 +148,8 @@ def main():
     p.add_argument("--warmup-minutes", type=float, default=None, help="default: a fifth of the run, 1 to 5 min")
     args = p.parse_args()
 
-    with open(args.config) as f:
-        model = h.model_path_of(f.read())
-    if not model or not os.path.exists(model):
-        print(f"SKIP: the model {model} is missing (scripts/fetch-model puts it there)")
+    if skip := h.missing_model(args.config):
+        print(skip)
         return 77
 
     workdir = tempfile.mkdtemp(prefix="tireless-soak-")
@@ -209,7 +199,7 @@ def main():
                 sh = asyncio.run(capnp.run(stats_and_health(server.port)))
             except Exception as e:  # noqa: BLE001
                 sh = {"error": str(e)}
-            sh.update({"t": round(t, 1), "rss_mb": round(rss_mb(server.proc.pid), 1)})
+            sh.update({"t": round(t, 1), "rss_mb": round(h.rss_mb(server.proc.pid), 1)})
             samples.append(sh)
             time.sleep(SAMPLE_S)
         for _, pr in client_procs:
@@ -234,7 +224,7 @@ def main():
             if end["running"] == 0 and end["queued"] == 0 and end["open"] == 0 and end["kv_free"] == end["kv_total"]:
                 break
             time.sleep(1)
-        final_rss = rss_mb(server.proc.pid) if server.alive() else None
+        final_rss = h.rss_mb(server.proc.pid) if server.alive() else None
         problems, shutdown_outcomes = (asyncio.run(capnp.run(shutdown_under_load(server)))
                                        if server.alive() else (["the server was not running"], []))
     finally:

@@ -99,6 +99,7 @@ class Client:
         self.stats = stats
         self.pool = []
         self.next_id = 0
+        self.until = float("inf")  # the end of the load window
 
     async def connection(self):
         """A shared connection (a new one is used at once); a broken one is replaced."""
@@ -226,6 +227,8 @@ class Client:
             if attempts >= MAX_ATTEMPTS or behaviour not in ("chat", "document", "text"):
                 return
             wait = hint / 1000 + self.rng.uniform(0, 0.5)
+            if time.monotonic() + wait > self.until:
+                return  # no retries after the load window: the run winds down
             t0 = time.monotonic()
             await asyncio.sleep(wait)
             if (time.monotonic() - t0) * 1000 < hint:
@@ -333,6 +336,7 @@ async def main_async(args):
     weights = [w for _, w in MIX]
     tasks = set()
     until = time.monotonic() + args.seconds
+    client.until = until
     background = None
     if args.chaos:
         background = asyncio.ensure_future(chaos(args.port, random.Random(args.seed + 1), stats, until,
