@@ -51,6 +51,11 @@ outcome base_outcome(self_ptr self, outcome_kind kind, std::string reason, std::
 void finish(self_ptr self, outcome o, bool cancel_downstream) {
   self->state.o.reporter->report(std::move(o));
   if (cancel_downstream) self->send(self->state.o.admission, cancel_atom::value, self->state.o.reporter->id());
+  // The monitors on admission and the engine would stay attached to them until they exit, and
+  // their weak reference to this actor keeps its memory (~2 KB) allocated: a leak per request
+  // that a soak showed as RSS rising 10% in 30 minutes.
+  self->demonitor(self->state.o.admission);
+  if (self->state.o.engine) self->demonitor(self->state.o.engine);
   self->quit();
 }
 

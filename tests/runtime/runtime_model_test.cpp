@@ -1,5 +1,6 @@
 // The embedded runtime with the real SmolLM2 model on the CPU: real threads, real text.
 #include <gtest/gtest.h>
+#include <malloc.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -323,6 +324,35 @@ TEST_F(runtime_model, cancel_stop_strings_and_timeouts_each_end_a_request_once) 
   EXPECT_FALSE(rt->cancel(id)) << "an ended request cannot be cancelled again";
   const runtime_stats st = settled_stats(*rt);
   EXPECT_EQ(st.kv_blocks_free, st.kv_blocks_total) << "cancelled requests give their blocks back";
+}
+
+// Heap bytes in use (glibc's count; a sanitizer's allocator keeps its own).
+size_t heap_in_use() { return mallinfo2().uordblks; }
+
+TEST_F(runtime_model, a_finished_request_leaves_no_memory_behind) {
+#ifdef TIRELESS_SANITIZED
+  GTEST_SKIP() << "the sanitizer's allocator is not glibc's; LeakSanitizer checks leaks there";
+#endif
+  auto rt = runtime::start(config());
+  // Short deadlines, so the timers that hold a request's session until its deadline are gone
+  // when memory is counted.
+  auto run = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      request r = chat("Say hi.", 2);
+      r.timeout = std::chrono::milliseconds(1000);
+      ASSERT_EQ(rt->generate(r).get().kind, outcome_kind::completed);
+    }
+    settled_stats(*rt);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  };
+  run(30);  // warm: pools, caches, the step model
+  const size_t before = heap_in_use();
+  const int n = 300;
+  run(n);
+  const double per_request = (static_cast<double>(heap_in_use()) - static_cast<double>(before)) / n;
+  // Each session used to stay allocated for good (~1.7 KB: its monitors on admission and the
+  // engine kept a weak reference to it).
+  EXPECT_LT(per_request, 256) << "bytes kept per finished request";
 }
 
 TEST_F(runtime_model, shutdown_gives_every_in_flight_request_an_outcome) {
