@@ -54,6 +54,9 @@ struct engine_state {
   step_time_model step_model;
   int32_t last_sequences_credit = -1, last_tokens_credit = -1;
   mailbox_stats mailbox{"engine"};
+  // Set when the shard supervisor gave up (its restart budget spent): every request held
+  // fails with this, and so does every one that arrives after.
+  std::string backend_problem;
 };
 
 using self_ptr = caf::stateful_actor<engine_state>*;
@@ -189,20 +192,36 @@ void send_credits(self_ptr self) {
   self->send(st.admission, std::move(m), st.received);
 }
 
+// Ends request `id` as failed with `why`: its session hears it, admission gets its tokens
+// back, the scheduler lets go of its blocks.
+void fail_request(self_ptr self, seq_id id, const std::string& why) {
+  auto it = self->state.requests.find(id);
+  if (it == self->state.requests.end()) return;
+  outcome_msg m(64);
+  auto b = m.init();
+  b.setRequestId(id);
+  b.initFailed().setMessage(why);
+  self->send(it->second.session, std::move(m));
+  self->send(self->state.admission, finished_atom::value, static_cast<uint64_t>(id), self->state.core->tokens_of(id));
+  self->state.requests.erase(it);
+  self->state.core->cancel(id);
+}
+
 void fail_batch(self_ptr self, const step_batch& batch, const std::string& why) {
-  for (const sequence_step& s : batch.seqs) {
-    auto it = self->state.requests.find(s.seq_id);
-    if (it == self->state.requests.end()) continue;
-    outcome_msg m(64);
-    auto b = m.init();
-    b.setRequestId(s.seq_id);
-    b.initFailed().setMessage(why);
-    self->send(it->second.session, std::move(m));
-    self->send(self->state.admission, finished_atom::value, static_cast<uint64_t>(s.seq_id),
-               self->state.core->tokens_of(s.seq_id));
-    self->state.requests.erase(it);
-    self->state.core->cancel(s.seq_id);
-  }
+  for (const sequence_step& s : batch.seqs) fail_request(self, s.seq_id, why);
+}
+
+// The shard supervisor quit: the model crashed more often than its restart budget allows.
+// Nothing can be served any more; every request held ends now, none waits for a step that
+// cannot come.
+void lose_backend(self_ptr self, const caf::error& reason) {
+  auto& st = self->state;
+  st.backend_problem = "the model shard crashed more often than backend.max_shard_restarts allows and was not "
+                       "restarted again (" + caf::to_string(reason) + "); restart the server";
+  std::vector<seq_id> held;
+  for (const auto& [id, info] : st.requests) held.push_back(id);
+  for (seq_id id : held) fail_request(self, id, st.backend_problem);
+  send_credits(self);
 }
 
 void run_step(self_ptr self, step_request_msg msg, step_batch batch, int attempt) {
@@ -261,19 +280,9 @@ void fail_unplaceable(self_ptr self, const kv_request& req, const kv_reply& repl
   if (self->state.core->counts().running > 0) return;
   for (size_t i = 0; i < req.entries.size(); ++i) {
     if (!req.entries[i].admit || reply.grants[i].granted) continue;
-    const seq_id id = req.entries[i].seq;
-    auto it = self->state.requests.find(id);
-    if (it != self->state.requests.end()) {
-      outcome_msg m(64);
-      auto b = m.init();
-      b.setRequestId(id);
-      b.initFailed().setMessage("the request needs more KV cache than the pool holds; use a shorter prompt "
-                                "or max_tokens, or configure more KV memory");
-      self->send(it->second.session, std::move(m));
-      self->state.requests.erase(it);
-    }
-    self->send(self->state.admission, finished_atom::value, static_cast<uint64_t>(id), self->state.core->tokens_of(id));
-    self->state.core->cancel(id);
+    fail_request(self, req.entries[i].seq,
+                 "the request needs more KV cache than the pool holds; use a shorter prompt or max_tokens, or "
+                 "configure more KV memory");
     return;
   }
 }
@@ -335,6 +344,11 @@ caf::behavior engine(self_ptr self, engine_options o, caf::actor kv, caf::actor 
   st.kv = kv;
   st.shard = shard;
   st.admission = admission;
+  self->monitor(shard);
+  self->set_down_handler([=](caf::down_msg& dm) {
+    const bool stopping = dm.reason == caf::exit_reason::user_shutdown || dm.reason == caf::exit_reason::normal;
+    if (dm.source == self->state.shard.address() && !stopping) lose_backend(self, dm.reason);
+  });
   send_credits(self);
   return {
       [=](generate_atom, const generate_msg& msg, const caf::actor& session) {
@@ -356,6 +370,10 @@ caf::behavior engine(self_ptr self, engine_options o, caf::actor kv, caf::actor 
         for (auto d : r.getDegradations()) info.degradations.emplace_back(d.cStr());
         st.requests[spec.id] = std::move(info);
         st.core->add(std::move(spec));
+        if (!st.backend_problem.empty()) {
+          fail_request(self, r.getRequestId(), st.backend_problem);
+          return;
+        }
         kick(self);
       },
       [=](cancel_atom, uint64_t id) {
@@ -376,8 +394,8 @@ caf::behavior engine(self_ptr self, engine_options o, caf::actor kv, caf::actor 
       [=](stats_atom) {
         note_mailbox(self->state.mailbox, self->mailbox().size());
         const sequence_counts c = self->state.core->counts();
-        return caf::make_message(c.running, c.waiting, static_cast<int64_t>(self->state.steps),
-                                 self->state.mailbox.max_mailbox);
+        return engine_stats{c.running, c.waiting, static_cast<int64_t>(self->state.steps),
+                            self->state.mailbox.max_mailbox, self->state.backend_problem};
       },
   };
 }

@@ -3,6 +3,7 @@
 // carry. Include only from actors/*.cpp (CAF headers are heavy to compile).
 
 #include <caf/all.hpp>
+#include <string>
 
 #include "protocol/common.capnp.h"
 #include "protocol/owned.hpp"
@@ -21,6 +22,14 @@ using step_reply_msg = owned<proto::StepReply>;
 using expert_request_msg = owned<proto::ExpertRequest>;
 using expert_reply_msg = owned<proto::ExpertReply>;
 
+// What the engine answers to stats_atom.
+struct engine_stats {
+  int32_t running = 0, waiting = 0;
+  int64_t steps = 0, max_mailbox = 0;
+  // Why the engine cannot serve at all ("" while it can): its model shard is gone for good.
+  std::string backend_problem;
+};
+
 // Atoms (at most 10 characters).
 using generate_atom = caf::atom_constant<caf::atom("generate")>;
 using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
@@ -36,6 +45,7 @@ using finished_atom = caf::atom_constant<caf::atom("finished")>;
 
 }  // namespace tireless
 
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tireless::engine_stats)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tireless::generate_msg)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tireless::tokens_msg)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tireless::outcome_msg)

@@ -156,11 +156,12 @@ void runtime::stats_async(std::function<void(const runtime_stats&)> done) {
       self->quit();
     };
     self->request(actors.engine, timeout, stats_atom::value)
-        .then([=](int32_t running, int32_t waiting, int64_t steps, int64_t mailbox) {
-          s->running = running;
-          s->waiting_in_engine = waiting;
-          s->steps = steps;
-          s->max_mailbox_engine = mailbox;
+        .then([=](const engine_stats& e) {
+          s->running = e.running;
+          s->waiting_in_engine = e.waiting;
+          s->steps = e.steps;
+          s->max_mailbox_engine = e.max_mailbox;
+          s->backend_problem = e.backend_problem;
           self->request(actors.admission, timeout, stats_atom::value).then([=](int32_t queued, int64_t mailbox,
                                                                                 const std::vector<std::string>& names,
                                                                                 const std::vector<int32_t>& depths) {

@@ -100,11 +100,12 @@ void virtual_runtime::run() {
 runtime_stats virtual_runtime::stats() {
   impl& m = *impl_;
   runtime_stats s;
-  m.ask(m.actors.engine, [&](int32_t running, int32_t waiting, int64_t steps, int64_t mailbox) {
-    s.running = running;
-    s.waiting_in_engine = waiting;
-    s.steps = steps;
-    s.max_mailbox_engine = mailbox;
+  m.ask(m.actors.engine, [&](const engine_stats& e) {
+    s.running = e.running;
+    s.waiting_in_engine = e.waiting;
+    s.steps = e.steps;
+    s.max_mailbox_engine = e.max_mailbox;
+    s.backend_problem = e.backend_problem;
   });
   m.ask(m.actors.admission, [&](int32_t queued, int64_t mailbox, const std::vector<std::string>& names,
                                  const std::vector<int32_t>& depths) {

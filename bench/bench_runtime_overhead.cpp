@@ -212,12 +212,10 @@ actor_run run_actors(const setup& s, bool simulated_shard) {
   actor_run out;
   {
     caf::scoped_actor self{sys};
-    struct engine_view { int32_t running = 0, waiting = 0; int64_t steps = 0; };
     auto view = [&] {
-      engine_view v;
-      self->request(p.engine, caf::infinite, stats_atom::value)
-          .receive([&](int32_t running, int32_t waiting, int64_t steps, int64_t) { v = {running, waiting, steps}; },
-                   [](caf::error&) {});
+      engine_stats v;
+      self->request(p.engine, caf::infinite, stats_atom::value).receive([&](const engine_stats& e) { v = e; },
+                                                                       [](caf::error&) {});
       return v;
     };
     while (view().running < s.n) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -225,9 +223,9 @@ actor_run run_actors(const setup& s, bool simulated_shard) {
     while (view().steps < warm) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     const auto t0 = clk::now();
     const double c0 = cpu_seconds();
-    const engine_view v0 = view();
+    const engine_stats v0 = view();
     const int64_t tok0 = tokens.load();
-    engine_view v1 = v0;
+    engine_stats v1 = v0;
     while ((v1 = view()).steps - v0.steps < s.steps) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     const double wall = since_us(t0), cpu = (cpu_seconds() - c0) * 1e6;
     const double steps = static_cast<double>(v1.steps - v0.steps);

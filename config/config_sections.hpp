@@ -15,5 +15,7 @@ namespace tireless::config_detail {
 // base_dir: what relative paths are relative to ("" = the working directory).
 runtime_config read_document(const toml::table& document, const std::filesystem::path& base_dir,
                              diagnostics& diag);
+// The [faults] table.
+fault_settings read_faults(table_reader& r);
 
 }  // namespace tireless::config_detail

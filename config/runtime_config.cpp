@@ -23,16 +23,19 @@ std::string joined_lines(const std::vector<std::string>& lines) {
   return out;
 }
 
-runtime_config parse(std::string_view text, std::string source,
-                     const std::filesystem::path& base_dir) {
-  toml::table document;
+toml::table parse_toml(std::string_view text, const std::string& source) {
   try {
-    document = toml::parse(text, source);
+    return toml::parse(text, source);
   } catch (const toml::parse_error& e) {
     const auto& where = e.source().begin;
     throw config_error({fmt::format("{}:{}:{}: not valid TOML: {}", source, where.line,
                                     where.column, e.description())});
   }
+}
+
+runtime_config parse(std::string_view text, std::string source,
+                     const std::filesystem::path& base_dir) {
+  const toml::table document = parse_toml(text, source);
   config_detail::diagnostics diag(source);
   runtime_config config = config_detail::read_document(document, base_dir, diag);
   config.source = std::move(source);
@@ -138,6 +141,18 @@ runtime_config load_config(const std::filesystem::path& file) {
 
 runtime_config parse_config(std::string_view toml_text, std::string_view source_name) {
   return parse(toml_text, source_name.empty() ? "<config>" : std::string(source_name), {});
+}
+
+fault_settings parse_faults(std::string_view toml_text, std::string_view source_name) {
+  const std::string source = source_name.empty() ? "<faults>" : std::string(source_name);
+  const toml::table table = parse_toml(toml_text, source);
+  config_detail::diagnostics diag(source);
+  config_detail::table_reader r(table, "faults", diag);
+  const fault_settings faults = config_detail::read_faults(r);
+  r.finish();
+  diag.finish();
+  if (auto errors = diag.errors(); !errors.empty()) throw config_error(std::move(errors));
+  return faults;
 }
 
 }  // namespace tireless

@@ -209,4 +209,8 @@ runtime_config load_config(const std::filesystem::path& file);
 // it stay relative to the working directory.
 runtime_config parse_config(std::string_view toml_text, std::string_view source_name);
 
+// The keys of a [faults] table, as TOML text without the header ("shard_crash_per_step =
+// 0.001"), checked as the config checks them: tireless-load --fault. Throws config_error.
+fault_settings parse_faults(std::string_view toml_text, std::string_view source_name);
+
 }  // namespace tireless

@@ -98,6 +98,7 @@ struct Health {
   kvTotalBlocks @5 :Int32;
   openStreams @6 :Int32;     # generations whose outcome has not reached their client yet
   connections @7 :Int32;     # client connections open now
+  problem @8 :Text;          # why ok is false ("" while ok): what broke and what to do
 }
 
 struct Stats {

@@ -355,7 +355,8 @@ kj::Promise<runtime_stats> inference_service::runtime_stats_async() {
 kj::Promise<void> inference_service::health(health_context context) {
   return runtime_stats_async().then([this, context](runtime_stats s) mutable {
     auto h = context.getResults().initHealth();
-    h.setOk(true);
+    h.setOk(s.backend_problem.empty());
+    h.setProblem(s.backend_problem);
     h.setAccepting(accepting_);
     h.setRunning(s.running);
     h.setQueued(s.queued_in_admission + s.waiting_in_engine);

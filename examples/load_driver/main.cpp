@@ -78,40 +78,6 @@ std::string describe_mix(const scenario& s) {
   return out + fmt::format("  mean ~{:.0f} prompt and ~{:.0f} output tokens a request\n", prompt, output);
 }
 
-// --fault KEY=VALUE: a key of the config's [faults] table, set on the target's configuration.
-void apply_fault(fault_settings& f, const std::string& item) {
-  const auto eq = item.find('=');
-  const std::string key = item.substr(0, eq);
-  double v = 0;
-  try {
-    if (eq == std::string::npos) throw std::invalid_argument("no value");
-    size_t used = 0;
-    v = std::stod(item.substr(eq + 1), &used);
-    if (used != item.size() - eq - 1) throw std::invalid_argument("trailing text");
-  } catch (const std::exception&) {
-    throw std::runtime_error(fmt::format("--fault {}: give KEY=NUMBER, e.g. --fault shard_crash_per_step=0.001", item));
-  }
-  auto probability = [&](double& field) {
-    if (!(v >= 0 && v <= 1)) throw std::runtime_error(fmt::format("--fault {}: {} is a probability in [0, 1]", item, key));
-    field = v;
-  };
-  if (key == "shard_crash_per_step") {
-    probability(f.shard_crash_per_step);
-  } else if (key == "shard_slow_per_step") {
-    probability(f.shard_slow_per_step);
-  } else if (key == "shard_slow_ms" && v >= 0) {
-    f.shard_slow = std::chrono::milliseconds(static_cast<int64_t>(v));
-  } else if (key == "shard_slow_factor" && v >= 1) {
-    f.shard_slow_factor = v;
-  } else if (key == "seed" && v >= 0) {
-    f.seed = static_cast<int64_t>(v);
-  } else {
-    throw std::runtime_error(fmt::format(
-        "--fault {}: the keys are shard_crash_per_step and shard_slow_per_step (probabilities), shard_slow_ms "
-        "(>= 0), shard_slow_factor (>= 1) and seed, as in the config's [faults]", item));
-  }
-}
-
 std::string command_line(int argc, char** argv) {
   std::string out;
   for (int i = 0; i < argc; ++i) out += (i ? " " : "") + std::string(argv[i]);
@@ -140,7 +106,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> faults;
   app.add_option("--fault", faults, "inject faults into a virtual target: KEY=VALUE with a key of the config's [faults] "
                                     "(shard_crash_per_step=0.001, shard_slow_per_step, shard_slow_ms, shard_slow_factor, "
-                                    "seed); repeatable. A server target takes [faults] from its own config");
+                                    "seed), checked as the config checks them; repeatable, and together they replace the target "
+                                    "config's [faults]. A server target takes [faults] from its own config");
   app.add_flag("--json", json_out, "print the results as JSON on stdout instead of tables");
   app.add_flag("--requests", with_requests, "include every request in the JSON file");
   CLI11_PARSE(app, argc, argv);
@@ -157,7 +124,11 @@ int main(int argc, char** argv) {
     if (!faults.empty() && s.target != target_kind::virtual_sim) {
       throw std::runtime_error("--fault applies to a virtual target; a server takes [faults] from its own config");
     }
-    for (const std::string& f : faults) apply_fault(s.config.faults, f);
+    if (!faults.empty()) {  // KEY=VALUE items are the lines of a [faults] table
+      std::string table;
+      for (const std::string& f : faults) table += f + "\n";
+      s.config.faults = parse_faults(table, "--fault");
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tireless-load: %s\n", e.what());
     return 2;
@@ -240,6 +211,9 @@ int main(int argc, char** argv) {
       const run_metrics& rm = metrics.back();
       bar.finish(fmt::format("{}: {} requests, {} lost, SLO {:.1f}%, goodput {:.1f} tokens/s ({:.1f} s)", name, rm.requests,
                              rm.lost, 100 * rm.total.slo_attainment, rm.total.goodput_tps, runs.back().wall_s));
+      if (s.config.faults.any() && runs.back().shard_restarts >= 0) {
+        print(fmt::format("faults in {}: {} shard restarts\n", name, runs.back().shard_restarts));
+      }
       if (!runs.back().target_broken.empty()) {
         print(fmt::format("warning: the target went away {:.1f} s into the run: {}\n", runs.back().end_s,
                           runs.back().target_broken));

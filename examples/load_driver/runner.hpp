@@ -43,6 +43,7 @@ struct run_result {
   double end_s = 0;   // the target's clock when the run ended
   double wall_s = 0;  // how long it took here
   std::string target_broken;  // why the target went away before the run ended; "" if it did not
+  int64_t shard_restarts = -1;  // in the run, as the target counts them; -1: not reported
 };
 
 struct capacity_result {

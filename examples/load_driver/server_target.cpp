@@ -252,6 +252,7 @@ class server_session final : public target_session, public kj::TaskSet::ErrorHan
   std::optional<target_probe> probe() override {
     try {
       auto h = conn_->inference.healthRequest().send().wait(io_.waitScope).getHealth();
+      if (!h.getOk() && broken_.empty()) broken_ = fmt::format("health(): {}", h.getProblem().cStr());
       return target_probe{h.getQueued(), h.getRunning(), -1, {}};
     } catch (const kj::Exception& e) {
       broken_ = fmt::format("health(): {}", e.getDescription().cStr());

@@ -23,6 +23,7 @@ struct target_probe {
   int32_t queued = -1, running = -1;  // in admission; running in the engine; -1: not reported
   int32_t waiting = -1;               // admitted, waiting in the engine; -1: not reported
   std::vector<std::pair<std::string, int32_t>> queued_by_tier;  // empty: not reported
+  int64_t shard_restarts = -1;        // since the session opened; -1: not reported
 };
 
 class target_session {

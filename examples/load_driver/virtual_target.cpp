@@ -31,12 +31,23 @@ class virtual_session final : public target_session {
 
   std::optional<target_probe> probe() override {
     const runtime_stats s = rt_.stats();
-    return target_probe{s.queued_in_admission, s.running, s.waiting_in_engine, s.queued_by_tier};
+    return target_probe{s.queued_in_admission, s.running, s.waiting_in_engine, s.queued_by_tier, s.shard_restarts};
+  }
+
+  // Asked before each submit: the runtime is asked at most once a virtual second.
+  std::string broken() override {
+    if (problem_.empty() && rt_.now() >= next_check_) {
+      problem_ = rt_.stats().backend_problem;
+      next_check_ = rt_.now() + 1.0;
+    }
+    return problem_;
   }
 
  private:
   virtual_runtime rt_;
   std::chrono::milliseconds default_timeout_;
+  std::string problem_;
+  double next_check_ = 0;
 };
 
 class virtual_target final : public target {

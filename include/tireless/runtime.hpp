@@ -86,6 +86,9 @@ struct runtime_stats {
   int64_t max_mailbox_engine = 0, max_mailbox_admission = 0, max_mailbox_kv_manager = 0;
   // Requests inside the runtime at most (the door): what bounds every actor's mailbox.
   int64_t door_capacity = 0;
+  // Why nothing can be served ("" while it can): the model shard crashed more often than
+  // backend.max_shard_restarts allows. Every request then fails at once; restart the process.
+  std::string backend_problem;
 };
 
 class runtime {

@@ -175,6 +175,34 @@ TEST(runtime_sim, a_crashing_shard_is_restarted_and_no_request_is_lost) {
   EXPECT_EQ(h.kv().free, h.kv().total);
 }
 
+TEST(runtime_sim, a_shard_past_its_restart_budget_fails_every_request_at_once_and_says_why) {
+  harness_options o;
+  o.max_shard_restarts = 2;
+  sim_harness h(o);
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 20; ++i) ids.push_back(h.submit(tokens_request(40, 200, i), i % 3));
+  h.run_for(std::chrono::milliseconds(50));
+  for (int crash = 0; crash < 3; ++crash) {  // the third is one more than the budget
+    h.crash_shard();
+    h.run_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_NE(h.engine().backend_problem.find("max_shard_restarts"), std::string::npos) << h.engine().backend_problem;
+  // Nothing waits for a step that cannot come: every request has ended, without time passing.
+  expect_exactly_one_outcome_each(h, ids.size());
+  for (uint64_t id : ids) {
+    const outcome& out = h.outcomes().at(id)[0];
+    EXPECT_EQ(out.kind, outcome_kind::failed);
+    EXPECT_NE(out.message.find("restart the server"), std::string::npos) << out.message;
+  }
+  // A request that arrives after fails at once, with the same reason.
+  const uint64_t late = h.submit(tokens_request(10, 5, 99));
+  h.run_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(h.outcomes().count(late), 1u);
+  EXPECT_EQ(h.outcomes().at(late)[0].kind, outcome_kind::failed);
+  EXPECT_EQ(h.kv().free, h.kv().total);
+  EXPECT_EQ(h.door().inside(), 0);
+}
+
 // Seeded random mixes of submits, cancels, deadlines and shard crashes.
 class random_scenarios : public ::testing::TestWithParam<uint32_t> {};
 

@@ -39,6 +39,7 @@ struct harness_options {
     return t;
   }
   double crash_probability = 0.0;
+  int max_shard_restarts = 1 << 20;  // within a minute (virtual)
   uint64_t seed = 1;
   double step_time_target_seconds = 0;  // 0: steps bounded by tokens only
 };
@@ -67,7 +68,7 @@ class sim_harness {
     po.shard.simulated = true;
     po.shard.crash_probability = o.crash_probability;
     po.shard.seed = o.seed;
-    po.shard_restarts.max_restarts = 1 << 20;
+    po.shard_restarts.max_restarts = o.max_shard_restarts;
     po.admission.tiers = o.tiers;
     po.admission.tenants = o.tenants;
     po.admission.policy = o.policy;
@@ -141,15 +142,9 @@ class sim_harness {
     }
   }
 
-  struct engine_stats {
-    int32_t running = 0, waiting = 0;
-    int64_t steps = 0, max_mailbox = 0;
-  };
   engine_stats engine() {
     engine_stats out;
-    ask(pipeline_.engine, [&](int32_t running, int32_t waiting, int64_t steps, int64_t mailbox) {
-      out = {running, waiting, steps, mailbox};
-    });
+    ask(pipeline_.engine, [&](const engine_stats& e) { out = e; });
     return out;
   }
   struct kv_stats {

@@ -414,5 +414,24 @@ TEST(problems, every_problem_in_a_file_is_reported_at_once) {
   }
 }
 
+TEST(faults, key_value_lines_are_read_and_checked_like_the_faults_table) {
+  const fault_settings f = parse_faults("shard_crash_per_step=0.001\nshard_slow_ms=3000\n", "--fault");
+  EXPECT_DOUBLE_EQ(f.shard_crash_per_step, 0.001);
+  EXPECT_EQ(f.shard_slow.count(), 3000);
+  EXPECT_DOUBLE_EQ(f.shard_slow_per_step, 0.0);
+  auto problem_of = [](std::string_view text) -> std::string {
+    try {
+      parse_faults(text, "--fault");
+    } catch (const config_error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(problem_of("shard_crash_per_step=2").find("faults.shard_crash_per_step"), std::string::npos)
+      << problem_of("shard_crash_per_step=2");
+  EXPECT_NE(problem_of("shard_crash=0.1").find("shard_crash"), std::string::npos) << "an unknown key is named";
+  EXPECT_NE(problem_of("seed=").find("not valid TOML"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace tireless
