@@ -109,6 +109,8 @@ void arrive(self_ptr self, generate_msg& msg, const caf::actor& session) {
   // and the degradations the outcome must report.
   b.setMaxTokens(d.max_tokens);
   b.setTierPriority(d.priority);
+  b.setTtftTargetNs(d.ttft_target.count());
+  b.setTpotTargetNs(d.tpot_target.count());
   // The session's deadline, armed here rather than by the session so that requests refused
   // above cost no timer.
   if (const int64_t deadline = b.getDeadlineNs(); deadline > 0) {
@@ -191,6 +193,16 @@ caf::behavior admission(self_ptr self, std::shared_ptr<admission_gate> gate) {
                  fmt::format("waited longer than {} ms in tier '{}''s queue (admission.max_queue_wait_ms)",
                              (now - q.arrival_ns) / 1'000'000, q.tier),
                  std::max<int64_t>(100, static_cast<int64_t>(1000 * st.control().predicted_ttft(q.tier, q.prompt_tokens))));
+          st.queued.erase(it);
+        }
+        for (const admission_control::late_request& l : st.control().too_late_to_start(now)) {
+          auto it = st.queued.find(l.q.id);
+          if (it == st.queued.end()) continue;
+          reject(self, it->second.session, l.q.id, refusal::overloaded,
+                 fmt::format("admitted, but it waited {} ms in tier '{}''s queue and cannot start within {} ms "
+                             "(start_within_ms): refused before any work was spent on it; retry in {} ms",
+                             (now - l.q.arrival_ns) / 1'000'000, l.q.tier, l.bound_ms, l.retry_after_ms),
+                 l.retry_after_ms);
           st.queued.erase(it);
         }
         tick(self);

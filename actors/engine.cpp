@@ -252,7 +252,7 @@ void run_step(self_ptr self, step_request_msg msg, step_batch batch, int attempt
             if (decode > 0) st.decode_rate.add(decode / dt, dt, st.o.rate_window_seconds);
             ++st.steps;
             (void)t0;
-            const auto events = st.core->commit(result);
+            const auto events = st.core->commit(result, now_ns(self));
             const auto finished = std::count_if(events.begin(), events.end(), [](const scheduler_event& e) {
               return e.what == scheduler_event::kind::finished;
             });
@@ -296,7 +296,7 @@ void kick(self_ptr self) {
   if (!st.core->has_work()) return;
   st.stepping = true;
   st.changed = false;
-  kv_request req = st.core->propose(step_budget(st));
+  kv_request req = st.core->propose(step_budget(st), now_ns(self));
   self->request(st.kv, caf::infinite, to_wire(req))
       .then(
           [=](const kv_reply_msg& reply_msg) {
@@ -366,6 +366,8 @@ caf::behavior engine(self_ptr self, engine_options o, caf::actor kv, caf::actor 
         spec.max_tokens = r.getMaxTokens();
         for (auto t : r.getStopTokens()) spec.stop_tokens.push_back(t);
         spec.token_window = r.getTokenWindow();
+        spec.ttft_target_ns = r.getTtftTargetNs();
+        spec.tpot_target_ns = r.getTpotTargetNs();
         request_info info{session, {}, r.getArrivalNs(), -1, -1};
         for (auto d : r.getDegradations()) info.degradations.emplace_back(d.cStr());
         st.requests[spec.id] = std::move(info);

@@ -336,6 +336,7 @@ std::vector<tier_settings> read_tiers(table_reader& root, const admission_settin
     r.read("tpot_ms", tier.tpot, {1, 60'000, "milliseconds"}, need::required);
     r.read("queue_bound", tier.queue_bound, {1, 1'000'000, "requests"});
     r.read("sheddable", tier.sheddable);
+    r.read("start_within_ms", tier.start_within, ms_hour);
     if (!tier.name.empty() && !names.emplace(tier.name, r.path()).second)
       r.diag().error(r.where("name"), r.key_path("name"),
                      fmt::format("\"{}\" is also the name of {}; tier names must be unique",

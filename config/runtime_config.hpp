@@ -153,6 +153,10 @@ struct tier_settings {
   std::chrono::milliseconds tpot{0};  // time-per-output-token target (key tpot_ms)
   int32_t queue_bound = 256;          // waiting requests; one more is rejected with retry_after
   bool sheddable = true;              // may be refused early when its TTFT target would be missed
+  // An admitted, sheddable request not started by arrival + this is refused before any
+  // prefill is spent on it (policy tireless; key start_within_ms; 0: twice ttft).
+  std::chrono::milliseconds start_within{0};
+  std::chrono::milliseconds start_bound() const { return start_within.count() > 0 ? start_within : 2 * ttft; }
   std::vector<degrade_step> degrade;  // pressures strictly increasing
 
   degradation degradation_at(double pressure) const;

@@ -22,6 +22,8 @@ struct GenerateRequest {
   deadlineNs @9 :Int64 = -1;    # on the runtime's clock; -1: none
   tokenWindow @10 :Int32 = 0;   # tokens the engine may send before the session acks; 0: no limit
   degradations @11 :List(Text); # what admission did to it, for the outcome
+  ttftTargetNs @12 :Int64 = 0;  # the engine's first-token deadline is arrival + this; 0: none
+  tpotTargetNs @13 :Int64 = 0;  # then one token per this; 0: none (set by admission's policy)
 }
 
 # engine → session: tokens generated for a request, in order.

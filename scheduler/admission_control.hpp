@@ -11,6 +11,7 @@
 // Every refusal carries a reason and, when waiting helps, retry_after_ms.
 
 #include <array>
+#include <chrono>
 #include <deque>
 #include <map>
 #include <optional>
@@ -39,6 +40,9 @@ struct admission_decision {
   bool admitted = false;
   int32_t max_tokens = 0;                 // admitted: after any cap
   int32_t priority = 0;                   // admitted: the engine's priority (0 for all under fcfs)
+  // admitted: the deadlines the engine schedules by (tireless: the tier's targets; 0: none,
+  // the engine keeps arrival order within a priority)
+  std::chrono::nanoseconds ttft_target{0}, tpot_target{0};
   std::vector<std::string> degradations;  // admitted: what was done, for the outcome
   refusal reason = refusal::overloaded;   // refused
   std::string message;
@@ -92,11 +96,28 @@ class admission_control {
   void finished(uint64_t id, int32_t used_tokens, int64_t now_ns);
   // Queued requests that waited longer than max_queue_wait: removed, to be refused.
   std::vector<queued_request> expire(int64_t now_ns);
+  // Queued requests of sheddable tiers that can no longer start within their tier's bound
+  // (tier_settings::start_bound, policy tireless): removed, to be refused before any prefill
+  // is spent on them. Rare by design (refusal at arrival is the normal path): counted.
+  struct late_request {
+    queued_request q;
+    int64_t bound_ms = 0;        // its tier's start bound
+    int64_t retry_after_ms = 0;  // when the work ahead would let it meet its target
+  };
+  std::vector<late_request> too_late_to_start(int64_t now_ns);
+  int64_t late_refusals() const { return late_refusals_; }
   void observe(const engine_load& load) { load_ = load; }
 
   // Predicted seconds from arrival to the first token of a request of this tier and prompt,
   // with extra_tokens more prompt work ahead of it.
   double predicted_ttft(const std::string& tier, int32_t prompt_tokens, double extra_tokens = 0) const;
+  // Seconds the prompt's prefill takes on an idle engine (0 until steps were measured), and
+  // the longest prompt whose idle prefill fits `seconds`.
+  double idle_prefill(int32_t prompt_tokens) const;
+  int32_t longest_prompt_within(double seconds) const;
+  // Whether `prompt_tokens` more prompt work at `tier` would make a lower tier's next
+  // request miss its first-token target.
+  bool displaces_lower_tiers(const tier_settings& tier, int32_t prompt_tokens) const;
   std::vector<std::pair<std::string, int32_t>> queued_by_tier() const;
   int32_t queued() const;
   admission_policy kind() const { return kind_; }
@@ -150,6 +171,7 @@ class admission_control {
   std::multimap<int64_t, int32_t> promised_;  // retry time → prompt tokens
   double promised_tokens_ = 0;                // their sum
   engine_load load_;
+  int64_t late_refusals_ = 0;
 };
 
 }  // namespace tireless

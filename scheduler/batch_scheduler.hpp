@@ -3,10 +3,14 @@
 //   kv_request r = propose();          what the step would like (order = keep priority)
 //   step_batch b = finalize(reply);    what the KV pool granted, as the backend's input
 //   events e = commit(result, now);    tokens, finished requests
-// Policy lives in propose(): running requests before waiting ones within a priority, higher
-// tiers first, older requests first; decode tokens before prefill chunks under a per-step
-// token budget (chunked prefill); paused requests (slow clients) last, so they are the first
-// to give their blocks back.
+// Policy lives in propose(): higher tiers first; within a tier decode tokens before prefill
+// chunks under a per-step token budget (chunked prefill), and prefill by earliest deadline
+// (several prompts' chunks in a step), then prompts without a deadline, then those that
+// cannot meet theirs even on an idle engine (infeasible), oldest first; a
+// lower tier's decode yields to a higher tier's work only while its own next token is not
+// due. The KV order (what is kept last) stays running before waiting within a priority,
+// older first, paused requests (slow clients) last, so they are the first to give their
+// blocks back.
 
 #include <cstdint>
 #include <limits>
@@ -37,6 +41,11 @@ struct step_time_budget {
   double c0 = 0, per_prefill_token = 0, per_decode = 0, per_context_position = 0;
 };
 
+// Seconds a prompt's prefill takes on an idle engine, in chunks of max_step_tokens, by the
+// budget's cost model (0 without one). Longer than its tier's first-token target: the
+// request is infeasible, whatever the load.
+double idle_prefill_seconds(int32_t prompt_tokens, const step_time_budget& time, int32_t max_step_tokens);
+
 struct sequence_spec {
   seq_id id = 0;
   int32_t priority = 0;          // higher is more important
@@ -46,6 +55,11 @@ struct sequence_spec {
   int32_t max_tokens = 16;
   std::vector<token_id> stop_tokens;
   int32_t token_window = 0;      // tokens it may emit before the client acknowledges; 0: no limit
+  // Deadlines, on the clock of `arrival` and of propose()/commit()'s `now` (nanoseconds): the
+  // first token by arrival + ttft_target_ns, then one token per tpot_target_ns (the k-th
+  // after the first by first token + k * tpot_target_ns). 0: none (ordered by arrival).
+  int64_t ttft_target_ns = 0;
+  int64_t tpot_target_ns = 0;
 };
 
 enum class finish_reason { stop_token, max_tokens, context_full, cancelled };
@@ -80,9 +94,10 @@ class batch_scheduler {
 
   // Work is packed in keep order (a higher tier's decodes and prefill before a lower tier's)
   // until the step would exceed the budget.
-  kv_request propose(const step_time_budget& budget = step_time_budget{});
+  // `now` is on the sequences' clock (see sequence_spec's deadlines).
+  kv_request propose(const step_time_budget& budget = step_time_budget{}, int64_t now = 0);
   step_batch finalize(const kv_reply& reply);
-  std::vector<scheduler_event> commit(const step_result& result);
+  std::vector<scheduler_event> commit(const step_result& result, int64_t now = 0);
 
   bool has_work() const;          // something could run if blocks allow
   bool knows(seq_id seq) const { return seqs_.count(seq) != 0; }
@@ -104,13 +119,20 @@ class batch_scheduler {
     int32_t cached_tokens = 0;
     int32_t committed_blocks = 0;  // full blocks already offered to the prefix cache
     std::vector<block_id> table;
+    int64_t first_token_at = -1;   // the `now` of the commit that produced it
     bool paused() const { return spec.token_window > 0 && window <= 0; }
+    // When the next token is due (nanoseconds); INT64_MAX without a deadline.
+    int64_t next_token_due() const;
   };
   struct planned {
     seq_id seq;
     int32_t positions;  // positions it holds after the step; equal to computed: kept, not stepped
   };
   std::vector<const sequence*> keep_order() const;
+  // The prefill candidates among order[placed[first..last)] (one tier), in the order the
+  // step's prefill budget goes to them.
+  std::vector<size_t> prefill_order(const std::vector<const sequence*>& order, const std::vector<size_t>& placed,
+                                    size_t first, size_t last, const step_time_budget& time) const;
 
   scheduler_limits limits_;
   std::map<seq_id, sequence> seqs_;

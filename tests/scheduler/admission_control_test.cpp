@@ -151,6 +151,7 @@ TEST(admission_control, early_rejection_when_and_only_when_the_prediction_misses
     admission_control c(admission_policy::tireless, {}, {tier("t", 1, target)}, {});
     c.observe(busy_engine(static_cast<int64_t>(rng() % 20000)));
     const int32_t prompt = 1 + static_cast<int32_t>(rng() % 4000);
+    if (c.idle_prefill(prompt) > std::chrono::duration<double>(target).count()) continue;  // infeasible: below
     const double predicted = c.predicted_ttft("t", prompt);
     const admission_decision d = arrive(c, 1, "", "t", 0, prompt);
     const double target_s = std::chrono::duration<double>(target).count();
@@ -180,6 +181,69 @@ TEST(admission_control, a_lower_tiers_waiting_prompts_are_not_ahead_of_a_higher_
   l.waiting_by_priority.clear();
   before.observe(l);
   EXPECT_NEAR(before.predicted_ttft("gold", 100), free, 1e-9);
+}
+
+// 10 ms + 1 ms a prompt token a step (512 a step): a 2000-token prompt alone takes ~2 s
+// against a 600 ms target, whatever the load.
+TEST(admission_control, an_infeasible_prompt_says_so_and_is_refused_with_a_split_hint_only_when_busy) {
+  const std::vector<tier_settings> tiers = {tier("gold", 2, 600ms, false), tier("t", 1, 600ms)};
+  admission_control idle(admission_policy::tireless, {}, tiers, {});
+  idle.observe(busy_engine(0));
+  EXPECT_NEAR(idle.idle_prefill(2000), 3 * 0.522 + 0.474, 1e-9);
+  admission_decision d = arrive(idle, 1, "", "t", 0, 2000);
+  ASSERT_TRUE(d.admitted) << d.message;
+  ASSERT_EQ(d.degradations.size(), 1u);
+  EXPECT_NE(d.degradations[0].find("a 2000-token prompt cannot start within tier 't''s 600 ms; expect ~2.1 s"),
+            std::string::npos)
+      << d.degradations[0];
+  EXPECT_EQ(d.ttft_target, 600ms) << "the engine schedules by the tier's deadline";
+
+  admission_control busy(admission_policy::tireless, {}, tiers, {});
+  busy.observe(busy_engine(20000));
+  d = arrive(busy, 2, "", "t", 0, 2000);
+  ASSERT_FALSE(d.admitted);
+  EXPECT_EQ(d.reason, refusal::prompt_too_long);
+  const int32_t fits = busy.longest_prompt_within(0.6);
+  EXPECT_EQ(fits, 580);  // a 512-token step (0.522 s) and one of 68 (0.078 s)
+  EXPECT_NE(d.message.find("split it into parts of at most 580 tokens"), std::string::npos) << d.message;
+  EXPECT_GT(d.retry_after_ms, 1000) << "the wait ahead of it: ~20 s of prompts";
+  // A tier that is not sheddable is served (after its feasible requests) and told.
+  d = arrive(busy, 3, "", "gold", 0, 2000);
+  ASSERT_TRUE(d.admitted);
+  EXPECT_EQ(d.degradations.size(), 1u);
+  // A feasible prompt has no such line.
+  admission_control fresh(admission_policy::tireless, {}, tiers, {});
+  fresh.observe(busy_engine(0));
+  d = arrive(fresh, 4, "", "t", 0, 200);
+  ASSERT_TRUE(d.admitted);
+  EXPECT_TRUE(d.degradations.empty());
+}
+
+TEST(admission_control, an_admitted_request_that_can_no_longer_start_in_time_is_refused_before_any_work) {
+  std::vector<tier_settings> tiers = {tier("gold", 2, 1000ms, false), tier("t", 1, 1000ms), tier("u", 0, 1000ms)};
+  tiers[2].start_within = 1500ms;
+  admission_control c(admission_policy::tireless, {}, tiers, {});
+  c.observe(busy_engine(0));
+  ASSERT_TRUE(arrive(c, 1, "", "t", 0).admitted);
+  ASSERT_TRUE(arrive(c, 2, "", "gold", 0).admitted);
+  ASSERT_TRUE(arrive(c, 3, "", "u", 0).admitted);
+  EXPECT_TRUE(c.too_late_to_start(second).empty());
+  auto late = c.too_late_to_start(1'600'000'000);  // past u's configured 1.5 s
+  ASSERT_EQ(late.size(), 1u);
+  EXPECT_EQ(late[0].q.id, 3u);
+  EXPECT_EQ(late[0].bound_ms, 1500);
+  late = c.too_late_to_start(2 * second + 1);  // past twice t's target
+  ASSERT_EQ(late.size(), 1u);
+  EXPECT_EQ(late[0].q.id, 1u);
+  EXPECT_EQ(late[0].bound_ms, 2000);
+  EXPECT_GE(late[0].retry_after_ms, 100);
+  EXPECT_EQ(c.late_refusals(), 2);
+  EXPECT_EQ(c.queued(), 1) << "the tier that is not sheddable is never refused this way";
+  EXPECT_TRUE(c.too_late_to_start(3600 * second).empty());
+  // Other policies keep their requests (only max_queue_wait ends them).
+  admission_control p(admission_policy::priority, {}, tiers, {});
+  ASSERT_TRUE(arrive(p, 1, "", "t", 0).admitted);
+  EXPECT_TRUE(p.too_late_to_start(10 * second).empty());
 }
 
 TEST(admission_control, a_tier_that_is_not_sheddable_is_never_refused_for_its_prediction) {

@@ -18,20 +18,26 @@ class stepper {
       : limits_(limits), core_(limits), blocks_({.n_blocks = n_blocks, .block_size = limits.block_size,
                                                   .prefix_caching = false, .watermark_blocks = 0}) {}
 
-  void add(seq_id id, int32_t priority, int32_t prompt_tokens, int32_t max_tokens) {
+  // Deadlines (ms) make it arrive now, on the stepper's clock; without them it arrives in id order.
+  void add(seq_id id, int32_t priority, int32_t prompt_tokens, int32_t max_tokens, int64_t ttft_ms = 0,
+           int64_t tpot_ms = 0) {
     sequence_spec s;
     s.id = id;
     s.priority = priority;
-    s.arrival = id;
+    s.arrival = ttft_ms > 0 ? static_cast<uint64_t>(now_) : id;
+    s.ttft_target_ns = ttft_ms * 1'000'000;
+    s.tpot_target_ns = tpot_ms * 1'000'000;
     s.prompt.resize(static_cast<size_t>(prompt_tokens));
     std::iota(s.prompt.begin(), s.prompt.end(), static_cast<token_id>(100 * id));
     s.max_tokens = max_tokens;
     core_.add(std::move(s));
   }
 
-  // One step; returns the tokens each sequence computed in it.
+  // One step; returns the tokens each sequence computed in it. The clock moves by the
+  // budget's seconds (1 ms without one), and the step's tokens come at its end.
   std::map<seq_id, int32_t> run(const step_time_budget& budget) {
-    const kv_request request = core_.propose(budget);
+    const kv_request request = core_.propose(budget, now_);
+    now_ += budget.seconds > 0 ? static_cast<int64_t>(budget.seconds * 1e9) : 1'000'000;
     const kv_reply reply = plan_kv(blocks_, request);
     const step_batch batch = core_.finalize(reply);
     std::map<seq_id, int32_t> computed;
@@ -40,19 +46,24 @@ class stepper {
       computed[s.seq_id] = static_cast<int32_t>(s.tokens.size());
       result.next.push_back(s.sample ? 7 : -1);
     }
-    for (const scheduler_event& e : core_.commit(result)) {
+    for (const scheduler_event& e : core_.commit(result, now_)) {
       if (e.what == scheduler_event::kind::finished) finished_.push_back(e.seq);
+      if (e.what == scheduler_event::kind::tokens) token_times_[e.seq].push_back(now_);
     }
     return computed;
   }
 
   const std::vector<seq_id>& finished() const { return finished_; }
+  const std::vector<int64_t>& token_times(seq_id id) { return token_times_[id]; }
+  int64_t now() const { return now_; }
 
  private:
   scheduler_limits limits_;
   batch_scheduler core_;
   block_manager blocks_;
   std::vector<seq_id> finished_;
+  std::map<seq_id, std::vector<int64_t>> token_times_;
+  int64_t now_ = 1'000'000'000;
 };
 
 // A machine slower than the step target (a sanitizer build, a loaded host): a step costs
@@ -93,6 +104,72 @@ TEST(batch_scheduler, a_lower_tier_request_waits_behind_a_higher_tier_that_fills
   const auto first = s.run(slower_than_the_target());
   EXPECT_GT(first.count(4), 0u) << "the premium prompt got no prefill";
   EXPECT_EQ(first.count(3), 0u) << "the free prompt was prefilled before the premium one";
+}
+
+// An H200-like step: 50 ms, most of it prefill (10 tokens a millisecond).
+step_time_budget fifty_ms_steps() {
+  return {.seconds = 0.050, .c0 = 0.005, .per_prefill_token = 0.0001, .per_decode = 0.0005,
+          .per_context_position = 0};
+}
+
+TEST(batch_scheduler, within_a_tier_a_short_prompt_after_a_long_one_that_cannot_meet_its_deadline_starts_first) {
+  stepper s({.max_step_tokens = 4096, .max_step_seqs = 32});
+  s.add(1, 2, 9000, 4, 500);  // ~0.9 s of prefill alone: it cannot start within 500 ms
+  s.run(fifty_ms_steps());
+  s.add(2, 2, 300, 4, 500);   // same tier, later, ~30 ms of prefill
+  const auto step = s.run(fifty_ms_steps());
+  EXPECT_EQ(step.count(2) ? step.at(2) : 0, 300) << "the short prompt waited behind the long one";
+  ASSERT_FALSE(s.token_times(2).empty());
+  EXPECT_EQ(s.token_times(1).size(), 0u);
+}
+
+TEST(batch_scheduler, within_a_tier_prefill_goes_by_earliest_deadline_and_several_prompts_share_a_step) {
+  stepper s({.max_step_tokens = 4096, .max_step_seqs = 32});
+  s.add(1, 2, 200, 4, 2000);  // the latest deadline, though first
+  s.add(2, 2, 3000, 4, 500);  // ~0.3 s of prefill in 0.5 s
+  s.add(3, 2, 100, 4, 500);
+  const auto step = s.run(fifty_ms_steps());
+  // 450 prompt tokens fit: request 2's chunk first (its deadline is the earliest, and it came
+  // before request 3), nothing for the others yet.
+  EXPECT_GT(step.count(2) ? step.at(2) : 0, 400);
+  EXPECT_EQ(step.count(1) + step.count(3), 0u);
+  // Each meets its deadline.
+  for (int i = 0; i < 20; ++i) s.run(fifty_ms_steps());
+  for (seq_id id : {1, 2, 3}) ASSERT_FALSE(s.token_times(id).empty()) << id;
+  const int64_t start = 1'000'000'000;
+  EXPECT_LE(s.token_times(1)[0] - start, 2'000'000'000);
+  EXPECT_LE(s.token_times(2)[0] - start, 500'000'000);
+  EXPECT_LE(s.token_times(3)[0] - start, 500'000'000);
+}
+
+TEST(batch_scheduler, without_deadlines_a_tier_keeps_arrival_order) {
+  stepper s({.max_step_tokens = 256, .max_step_seqs = 32});
+  s.add(1, 2, 2000, 4);
+  s.add(2, 2, 100, 4);
+  const auto step = s.run(step_time_budget{});
+  EXPECT_EQ(step.at(1), 256);
+  EXPECT_EQ(step.count(2), 0u);
+}
+
+TEST(batch_scheduler, a_lower_tier_decode_yields_to_a_higher_tier_prompt_only_within_its_own_slack) {
+  stepper s({.max_step_tokens = 4096, .max_step_seqs = 32}, 4096);
+  s.add(1, 0, 10, 1000, 10'000, 200);  // free: a token every 200 ms
+  for (int i = 0; i < 3; ++i) s.run(fifty_ms_steps());
+  ASSERT_FALSE(s.token_times(1).empty());
+  s.add(2, 2, 30'000, 4, 10'000, 50);  // premium: ~3 s of prefill, it fills every step
+  bool yielded = false;
+  for (int i = 0; i < 60; ++i) {
+    const auto step = s.run(fifty_ms_steps());
+    yielded |= step.count(1) == 0;
+    EXPECT_GT(step.count(2), 0u) << "the premium prompt got no prefill";
+  }
+  EXPECT_TRUE(yielded) << "the free decode never yielded to the premium prompt";
+  // ... but never past its own next token's due time (plus the step it comes at the end of).
+  const std::vector<int64_t>& t = s.token_times(1);
+  ASSERT_GT(t.size(), 10u) << "the free decode starved behind the premium prompt";
+  for (size_t k = 1; k < t.size(); ++k) {
+    EXPECT_LE(t[k], t[0] + static_cast<int64_t>(k) * 200'000'000 + 50'000'000) << "token " << k;
+  }
 }
 
 }  // namespace
