@@ -111,6 +111,7 @@ void arrive(self_ptr self, generate_msg& msg, const caf::actor& session) {
   b.setTierPriority(d.priority);
   b.setTtftTargetNs(d.ttft_target.count());
   b.setTpotTargetNs(d.tpot_target.count());
+  if (d.start_within.count() > 0) b.setStartByNs(b.getArrivalNs() + d.start_within.count());
   // The session's deadline, armed here rather than by the session so that requests refused
   // above cost no timer.
   if (const int64_t deadline = b.getDeadlineNs(); deadline > 0) {

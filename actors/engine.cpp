@@ -1,5 +1,7 @@
 #include "actors/engine.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -34,6 +36,7 @@ struct request_info {
   caf::actor session;
   std::vector<std::string> degradations;
   int64_t arrival_ns = 0;
+  int64_t ttft_target_ms = 0;
   int64_t scheduled_ns = -1;
   int64_t first_token_ns = -1;
 };
@@ -57,6 +60,7 @@ struct engine_state {
   // Set when the shard supervisor gave up (its restart budget spent): every request held
   // fails with this, and so does every one that arrives after.
   std::string backend_problem;
+  int64_t late_refusals = 0;  // refused unstarted past their start bound
 };
 
 using self_ptr = caf::stateful_actor<engine_state>*;
@@ -287,12 +291,39 @@ void fail_unplaceable(self_ptr self, const kv_request& req, const kv_reply& repl
   }
 }
 
+// Requests that waited past their start bound without starting: refused now, before any
+// prefill is spent on them, with the wait they had beyond their target as the retry hint.
+void refuse_late(self_ptr self) {
+  auto& st = self->state;
+  const int64_t now = now_ns(self);
+  for (seq_id id : st.core->take_late(now)) {
+    auto it = st.requests.find(id);
+    if (it == st.requests.end()) continue;
+    const int64_t waited_ms = (now - it->second.arrival_ns) / 1'000'000;
+    const int64_t retry_ms = std::max<int64_t>(100, waited_ms - it->second.ttft_target_ms);
+    outcome_msg m(64);
+    auto b = m.init();
+    b.setRequestId(id);
+    auto r = b.initRejected();
+    r.setReason(to_wire(refusal::overloaded));
+    r.setMessage(fmt::format("admitted, but it waited {} ms for the engine and cannot start within its tier's bound "
+                             "(start_within_ms): refused before any work was spent on it; retry in {} ms",
+                             waited_ms, retry_ms));
+    r.setRetryAfterMs(retry_ms);
+    self->send(it->second.session, std::move(m));
+    self->send(st.admission, finished_atom::value, static_cast<uint64_t>(id), int32_t{0});
+    st.requests.erase(it);
+    ++st.late_refusals;
+  }
+}
+
 void kick(self_ptr self) {
   auto& st = self->state;
   if (st.stepping) {
     st.changed = true;
     return;
   }
+  refuse_late(self);
   if (!st.core->has_work()) return;
   st.stepping = true;
   st.changed = false;
@@ -368,7 +399,8 @@ caf::behavior engine(self_ptr self, engine_options o, caf::actor kv, caf::actor 
         spec.token_window = r.getTokenWindow();
         spec.ttft_target_ns = r.getTtftTargetNs();
         spec.tpot_target_ns = r.getTpotTargetNs();
-        request_info info{session, {}, r.getArrivalNs(), -1, -1};
+        spec.start_by = r.getStartByNs();
+        request_info info{session, {}, r.getArrivalNs(), r.getTtftTargetNs() / 1'000'000, -1, -1};
         for (auto d : r.getDegradations()) info.degradations.emplace_back(d.cStr());
         st.requests[spec.id] = std::move(info);
         st.core->add(std::move(spec));
@@ -397,7 +429,8 @@ caf::behavior engine(self_ptr self, engine_options o, caf::actor kv, caf::actor 
         note_mailbox(self->state.mailbox, self->mailbox().size());
         const sequence_counts c = self->state.core->counts();
         return engine_stats{c.running, c.waiting, static_cast<int64_t>(self->state.steps),
-                            self->state.mailbox.max_mailbox, self->state.backend_problem};
+                            self->state.mailbox.max_mailbox, self->state.backend_problem,
+                            self->state.late_refusals};
       },
   };
 }

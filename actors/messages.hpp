@@ -28,6 +28,7 @@ struct engine_stats {
   int64_t steps = 0, max_mailbox = 0;
   // Why the engine cannot serve at all ("" while it can): its model shard is gone for good.
   std::string backend_problem;
+  int64_t late_refusals = 0;  // admitted requests refused unstarted past their start bound
 };
 
 // Atoms (at most 10 characters).

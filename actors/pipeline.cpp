@@ -27,6 +27,7 @@ pipeline_options make_pipeline_options(const runtime_config& c, const resolved_l
   po.shard.model = std::move(model);
   po.shard.simulated = c.backend.kind == backend_kind::sim;
   po.shard.crash_probability = c.faults.shard_crash_per_step;
+  po.shard.crash_every = c.faults.shard_crash_every_steps;
   po.shard.slow_probability = c.faults.shard_slow_per_step;
   po.shard.slow_seconds = std::chrono::duration<double>(c.faults.shard_slow).count();
   po.shard.slow_factor = c.faults.shard_slow_factor;

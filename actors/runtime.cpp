@@ -162,6 +162,7 @@ void runtime::stats_async(std::function<void(const runtime_stats&)> done) {
           s->steps = e.steps;
           s->max_mailbox_engine = e.max_mailbox;
           s->backend_problem = e.backend_problem;
+          s->late_refusals = e.late_refusals;
           self->request(actors.admission, timeout, stats_atom::value).then([=](int32_t queued, int64_t mailbox,
                                                                                 const std::vector<std::string>& names,
                                                                                 const std::vector<int32_t>& depths) {

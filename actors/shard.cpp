@@ -45,6 +45,9 @@ step_reply_msg run_step(shard_state& st, const step_request_msg& req, double& se
   if (sim) seconds = sim->last_step_seconds();
   // Injected faults: the step ran (its KV is written) but its answer is lost with the shard.
   if (chance(st, st.o.crash_probability)) throw std::runtime_error("injected shard crash");
+  if (st.o.crash_every > 0 && static_cast<int64_t>(st.steps + 1) % st.o.crash_every == 0) {
+    throw std::runtime_error("injected shard crash (every " + std::to_string(st.o.crash_every) + " steps)");
+  }
   if (now >= st.slow_until && chance(st, st.o.slow_probability)) {
     st.slow_until = now + std::chrono::duration_cast<caf::actor_clock::duration_type>(
                               std::chrono::duration<double>(st.o.slow_seconds));

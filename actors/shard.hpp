@@ -23,6 +23,7 @@ struct shard_options {
   // and before it answered, with crash_probability; a slow spell (steps slow_factor times as
   // long, for slow_seconds) begins at a step with slow_probability.
   double crash_probability = 0.0;
+  int64_t crash_every = 0;  // and every crash_every-th step of a shard (0: none)
   double slow_probability = 0.0;
   double slow_seconds = 0.0;
   double slow_factor = 1.0;

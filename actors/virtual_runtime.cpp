@@ -106,6 +106,7 @@ runtime_stats virtual_runtime::stats() {
     s.steps = e.steps;
     s.max_mailbox_engine = e.max_mailbox;
     s.backend_problem = e.backend_problem;
+    s.late_refusals = e.late_refusals;
   });
   m.ask(m.actors.admission, [&](int32_t queued, int64_t mailbox, const std::vector<std::string>& names,
                                  const std::vector<int32_t>& depths) {

@@ -483,6 +483,7 @@ auto read_section(table_reader& root, std::string_view name, Read read) {
 fault_settings read_faults(table_reader& r) {
   fault_settings s;
   r.read("shard_crash_per_step", s.shard_crash_per_step, {0.0, 1.0});
+  r.read("shard_crash_every_steps", s.shard_crash_every_steps, {0, INT64_MAX, "steps"});
   r.read("shard_slow_per_step", s.shard_slow_per_step, {0.0, 1.0});
   r.read("shard_slow_ms", s.shard_slow, {0, 3'600'000, "milliseconds"});
   r.read("shard_slow_factor", s.shard_slow_factor, {1.0, 1000.0});

@@ -96,11 +96,12 @@ struct backend_settings {
 // default; a server with any of them on says so in its log.
 struct fault_settings {
   double shard_crash_per_step = 0.0;  // a step crashes its shard after the backend ran it
+  int64_t shard_crash_every_steps = 0;  // and every Nth step of a shard does (a schedule that does not move); 0: none
   double shard_slow_per_step = 0.0;   // a slow spell of the shard begins at a step
   std::chrono::milliseconds shard_slow{1'000};  // a slow spell's length (key shard_slow_ms)
   double shard_slow_factor = 4.0;     // a step in a slow spell takes this many times as long
   int64_t seed = 1;
-  bool any() const { return shard_crash_per_step > 0 || shard_slow_per_step > 0; }
+  bool any() const { return shard_crash_per_step > 0 || shard_crash_every_steps > 0 || shard_slow_per_step > 0; }
 };
 
 struct kv_settings {

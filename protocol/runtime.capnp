@@ -24,6 +24,7 @@ struct GenerateRequest {
   degradations @11 :List(Text); # what admission did to it, for the outcome
   ttftTargetNs @12 :Int64 = 0;  # the engine's first-token deadline is arrival + this; 0: none
   tpotTargetNs @13 :Int64 = 0;  # then one token per this; 0: none (set by admission's policy)
+  startByNs @14 :Int64 = 0;     # not started by then: refused before any prefill; 0: never
 }
 
 # engine → session: tokens generated for a request, in order.

@@ -101,10 +101,28 @@ double admission_control::predicted_ttft(const std::string& tier, int32_t prompt
   const double step = model.predict({prefill_per_step, decodes, decodes * context_per_decode});
   const double steps = (tokens_ahead + prompt_tokens) / prefill_per_step;
   double ttft = (std::floor(steps) + 1.0) * step;
+  // Higher tiers' work that arrives during the wait goes ahead of it too: with ρ the share of
+  // the prefill capacity they take, the wait stretches by 1 / (1 - ρ) (tireless only).
+  if (kind_ == admission_policy::tireless) {
+    double rho = 0;
+    for (const tier_state& t : tier_states_) {
+      if (t.settings->priority > priority) rho += t.arriving_at(now_ns_) * step / prefill_per_step;
+    }
+    ttft /= std::max(1.0 - rho, 0.05);
+  }
   // No room in the batch: it also waits for requests to finish.
   const double excess = load_.running + requests_ahead + 1.0 - load_.max_step_seqs;
   if (excess > 0 && load_.finished_per_second > 0) ttft += excess / load_.finished_per_second;
   return ttft;
+}
+
+// The window of the arrival rates (seconds): long enough to hold a few of a small tier's
+// arrivals, short enough to follow a ramp.
+constexpr double arrival_window_s = 10.0;
+
+double admission_control::tier_state::arriving_at(int64_t now_ns) const {
+  const double dt = std::max<double>(0, static_cast<double>(now_ns - arrived_ns) * 1e-9);
+  return arriving_tokens_per_s * std::exp(-dt / arrival_window_s);
 }
 
 double admission_control::idle_prefill(int32_t prompt_tokens) const {
@@ -187,6 +205,7 @@ std::optional<admission_decision> admission_control::check_quotas(tenant_state& 
 // The policy's decision for a request arriving now; nothing is queued. A refusal's retry hint
 // is promised (see promised_) when `promise`, else not even computed.
 admission_decision admission_control::decide(const arrival& a, bool promise) {
+  now_ns_ = std::max(now_ns_, a.now_ns);
   tier_state& tier = tier_of(a.tier);
   const tier_settings& ts = *tier.settings;
   admission_decision d;
@@ -198,6 +217,7 @@ admission_decision admission_control::decide(const arrival& a, bool promise) {
   if (kind_ == admission_policy::tireless) {
     d.ttft_target = ts.ttft;
     d.tpot_target = ts.tpot;
+    if (ts.sheddable) d.start_within = ts.start_bound();
     const double ttft = predicted_ttft(ts.name, a.prompt_tokens);
     const double target = std::chrono::duration<double>(ts.ttft).count();
     // Infeasible: its own prefill, on an idle engine, takes longer than the target. It is
@@ -290,6 +310,8 @@ admission_decision admission_control::arrive(const arrival& a) {
   }
   ++tier.queued;
   tier.queued_prompt_tokens += a.prompt_tokens;
+  tier.arriving_tokens_per_s = tier.arriving_at(a.now_ns) + a.prompt_tokens / arrival_window_s;
+  tier.arrived_ns = a.now_ns;
   held_.emplace(a.id, std::move(h));
   return d;
 }

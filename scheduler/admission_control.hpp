@@ -43,6 +43,8 @@ struct admission_decision {
   // admitted: the deadlines the engine schedules by (tireless: the tier's targets; 0: none,
   // the engine keeps arrival order within a priority)
   std::chrono::nanoseconds ttft_target{0}, tpot_target{0};
+  // admitted: how long after arrival it may still start (a sheddable tier's start bound); 0: no limit
+  std::chrono::nanoseconds start_within{0};
   std::vector<std::string> degradations;  // admitted: what was done, for the outcome
   refusal reason = refusal::overloaded;   // refused
   std::string message;
@@ -140,6 +142,11 @@ class admission_control {
     std::unordered_map<std::string, tenant_queue> tenants;
     int32_t queued = 0;
     int64_t queued_prompt_tokens = 0;
+    // Prompt tokens admitted per second, a moving average (at arrived_ns): the work of this
+    // tier that arrives while a lower tier's request waits.
+    double arriving_tokens_per_s = 0;
+    int64_t arrived_ns = 0;
+    double arriving_at(int64_t now_ns) const;
   };
   struct holding {
     queued_request q;
@@ -172,6 +179,7 @@ class admission_control {
   double promised_tokens_ = 0;                // their sum
   engine_load load_;
   int64_t late_refusals_ = 0;
+  int64_t now_ns_ = 0;  // of the latest arrival
 };
 
 }  // namespace tireless

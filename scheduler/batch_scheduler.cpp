@@ -26,6 +26,17 @@ bool batch_scheduler::cancel(seq_id seq) {
   return true;
 }
 
+std::vector<seq_id> batch_scheduler::take_late(int64_t now) {
+  std::vector<seq_id> late;
+  for (const auto& [id, s] : seqs_) {
+    if (!s.running && s.generated == 0 && s.preemptions == 0 && s.spec.start_by > 0 && now > s.spec.start_by) {
+      late.push_back(id);
+    }
+  }
+  for (seq_id id : late) seqs_.erase(id);
+  return late;
+}
+
 void batch_scheduler::acknowledge(seq_id seq, int32_t tokens) {
   if (auto it = seqs_.find(seq); it != seqs_.end()) it->second.window += tokens;
 }

@@ -60,6 +60,7 @@ struct sequence_spec {
   // after the first by first token + k * tpot_target_ns). 0: none (ordered by arrival).
   int64_t ttft_target_ns = 0;
   int64_t tpot_target_ns = 0;
+  int64_t start_by = 0;  // not started by then: taken out by take_late() unstarted; 0: never
 };
 
 enum class finish_reason { stop_token, max_tokens, context_full, cancelled };
@@ -89,6 +90,9 @@ class batch_scheduler {
   // Ends a request: it leaves the batch, its blocks are released with the next request.
   // Returns false when the sequence is unknown (already finished).
   bool cancel(seq_id seq);
+  // Waiting requests that were never started and are past their start_by: removed (nothing
+  // of theirs was computed), to be refused. Call before propose().
+  std::vector<seq_id> take_late(int64_t now);
   // The client acknowledged `tokens` more tokens: the window grows by that many.
   void acknowledge(seq_id seq, int32_t tokens);
 

@@ -164,9 +164,11 @@ int main(int argc, char** argv) {
   print(fmt::format("target: {}\nquotas: {}\nmix:\n{}", t->describe(),
                     s.lift_quotas ? "lifted (tenants' quotas removed in every run)" : "as configured", describe_mix(s)));
   if (const fault_settings& f = s.config.faults; f.any()) {
-    print(fmt::format("faults: a shard crashes mid-step with p={} a step, a slow spell ({} ms, {}x) begins with p={} "
+    print(fmt::format("faults: a shard crashes mid-step with p={} a step{}, a slow spell ({} ms, {}x) begins with p={} "
                       "(seed {}); the shard supervisor restarts and re-runs (backend.max_shard_restarts = {} in {} ms)\n",
-                      f.shard_crash_per_step, f.shard_slow.count(), f.shard_slow_factor, f.shard_slow_per_step, f.seed,
+                      f.shard_crash_per_step,
+                      f.shard_crash_every_steps > 0 ? fmt::format(" and at every {}th", f.shard_crash_every_steps) : "",
+                      f.shard_slow.count(), f.shard_slow_factor, f.shard_slow_per_step, f.seed,
                       s.config.backend.max_shard_restarts, s.config.backend.shard_restart_window.count()));
   }
 

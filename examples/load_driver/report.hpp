@@ -21,6 +21,8 @@ struct tier_metrics {
   double ttft_target_ms = 0, tpot_target_ms = 0;  // 0 for the total
   int64_t offered = 0, completed = 0, degraded = 0, rejected = 0, cancelled = 0, failed = 0, lost = 0;
   int64_t slo_met = 0;
+  int64_t late = 0;                      // completed with the first token after 2x the TTFT target
+  int64_t rejected_after_admission = 0;  // refused at least the TTFT target after arrival (not at the door)
   int64_t silently_shortened = 0;  // completed at max_tokens below the asked max_tokens, no degradation said
   std::map<std::string, int64_t> rejected_by_reason;
   double ttft_p50 = 0, ttft_p99 = 0, tpot_p50 = 0, tpot_p99 = 0, reject_p50 = 0, reject_p99 = 0;  // ms; NaN: none

@@ -203,6 +203,48 @@ int32_t tier_of_key(const runtime_config& c, const std::string& key) {
   return -1;
 }
 
+void read_profile(reader& r, const toml::node& n, rate_profile& p) {
+  const toml::array* a = n.as_array();
+  const char* example = "must be an array of [time_s, factor] pairs in time order, e.g. [[0, 0.5], [600, 4], [1200, 0.5]]";
+  if (!a || a->empty()) {
+    r.error(&n, "arrivals.profile", example);
+    return;
+  }
+  for (size_t i = 0; i < a->size(); ++i) {
+    const toml::array* pair = a->get(i)->as_array();
+    std::optional<double> t, f;
+    if (pair && pair->size() == 2) {
+      t = pair->get(0)->value<double>();
+      f = pair->get(1)->value<double>();
+    }
+    const std::string path = fmt::format("arrivals.profile[{}]", i);
+    if (!t || !f || *t < 0 || *f < 0 || *f > 1000) {
+      r.error(a->get(i), path, "must be [time_s >= 0, factor in [0, 1000]]");
+    } else if (!p.points.empty() && *t <= p.points.back().first) {
+      r.error(a->get(i), path, fmt::format("time {} is not after the previous point's {}", *t, p.points.back().first));
+    } else {
+      p.points.emplace_back(*t, *f);
+    }
+  }
+  if (!p.points.empty() && p.peak() <= 0) r.error(&n, "arrivals.profile", "every factor is 0: nothing would arrive");
+}
+
+void read_burst(reader& r, const toml::table& t, const std::string& path, request_class& c) {
+  const toml::table* b = r.table(t, "burst", path, false);
+  if (!b) return;
+  const std::string where = path + ".burst";
+  r.only(*b, where, {"every_s", "for_s", "factor"});
+  c.burst_every_s = r.number(*b, "every_s", where, 1e-3, 1e7, true).value_or(0);
+  c.burst_for_s = r.number(*b, "for_s", where, 1e-3, 1e7, true).value_or(0);
+  c.burst_factor = r.number(*b, "factor", where, 1, 1000, true).value_or(1);
+  if (c.burst_every_s > 0 && c.burst_factor * c.burst_for_s > c.burst_every_s) {
+    r.error(b, where, fmt::format("factor x for_s ({:g}) exceeds every_s ({:g}): the class's mean share cannot be kept; "
+                                  "lower the factor or for_s",
+                                  c.burst_factor * c.burst_for_s, c.burst_every_s));
+    c.burst_every_s = 0;
+  }
+}
+
 void read_mix(reader& r, const toml::table& doc, scenario& s) {
   const toml::node* n = doc.get("mix");
   if (!n) {
@@ -222,7 +264,7 @@ void read_mix(reader& r, const toml::table& doc, scenario& s) {
       r.error(classes->get(i), path, "must be a table");
       continue;
     }
-    r.only(*t, path, {"name", "share", "tenant_key", "prompt", "output", "system_prompt_tokens", "timeout_ms"});
+    r.only(*t, path, {"name", "share", "tenant_key", "prompt", "output", "system_prompt_tokens", "timeout_ms", "burst"});
     request_class c;
     c.name = r.string(*t, "name", path).value_or(fmt::format("class{}", i));
     c.share = r.number(*t, "share", path, 1e-9, 1e9, true).value_or(0);
@@ -239,6 +281,7 @@ void read_mix(reader& r, const toml::table& doc, scenario& s) {
     read_length(r, *t, "output", path, c.output);
     c.system_prompt_tokens = static_cast<int32_t>(r.integer(*t, "system_prompt_tokens", path, 0, 1'000'000).value_or(0));
     c.timeout_ms = r.integer(*t, "timeout_ms", path, 0, 86'400'000).value_or(0);
+    read_burst(r, *t, path, c);
     s.mix.push_back(std::move(c));
   }
   for (auto& c : s.mix) c.share /= total > 0 ? total : 1;
@@ -350,7 +393,8 @@ void read_capacity(reader& r, const toml::table& doc, scenario& s) {
 void read_arrivals(reader& r, const toml::table& doc, scenario& s, const scenario_files& files) {
   const toml::table* t = r.table(doc, "arrivals", "", false);
   if (t) {
-    r.only(*t, "arrivals", {"process", "trace"});
+    r.only(*t, "arrivals", {"process", "trace", "profile"});
+    if (const toml::node* n = t->get("profile")) read_profile(r, *n, s.profile);
     s.arrivals = r.choice(*t, "process", "arrivals", {"poisson", "trace"}).value_or("poisson") == "trace"
                      ? arrival_kind::trace
                      : arrival_kind::poisson;
@@ -360,6 +404,7 @@ void read_arrivals(reader& r, const toml::table& doc, scenario& s, const scenari
     if (s.trace_path.empty()) r.error(t, "arrivals.trace", "missing: the trace CSV (with process = \"trace\")");
     else if (r.problems().empty()) s.trace = read_trace(r, s, files);
     if (doc.get("mix")) r.error(doc.get("mix"), "mix", "a trace replay takes its requests from the trace; remove [[mix]]");
+    if (!s.profile.points.empty()) r.error(t->get("profile"), "arrivals.profile", "applies to process = \"poisson\" only");
   } else {
     if (!s.trace_path.empty()) r.error(t->get("trace"), "arrivals.trace", "applies to process = \"trace\" only");
     read_mix(r, doc, s);
@@ -367,6 +412,31 @@ void read_arrivals(reader& r, const toml::table& doc, scenario& s, const scenari
 }
 
 }  // namespace
+
+double request_class::burst_at(double t) const {
+  if (burst_every_s <= 0) return 1.0;
+  if (std::fmod(t, burst_every_s) < burst_for_s) return burst_factor;
+  return (burst_every_s - burst_factor * burst_for_s) / (burst_every_s - burst_for_s);
+}
+
+double rate_profile::at(double t) const {
+  if (points.empty()) return 1.0;
+  if (t <= points.front().first) return points.front().second;
+  for (size_t i = 1; i < points.size(); ++i) {
+    if (t <= points[i].first) {
+      const auto& [t0, f0] = points[i - 1];
+      const auto& [t1, f1] = points[i];
+      return f0 + (f1 - f0) * (t - t0) / (t1 - t0);
+    }
+  }
+  return points.back().second;
+}
+
+double rate_profile::peak() const {
+  double m = points.empty() ? 1.0 : 0.0;
+  for (const auto& [t, f] : points) m = std::max(m, f);
+  return m;
+}
 
 scenario_error::scenario_error(std::vector<std::string> problems)
     : std::runtime_error(joined(problems)), problems_(std::move(problems)) {}

@@ -42,6 +42,20 @@ struct request_class {
   length_dist prompt, output;
   int32_t system_prompt_tokens = 0;  // a prefix shared by every request of the class
   int64_t timeout_ms = 0;            // the request's deadline; 0: the server's default
+  // Bursts (key burst = { every_s, for_s, factor }): the class arrives `factor` times faster
+  // for for_s of every every_s, and slower in between, so its mean share is kept.
+  double burst_every_s = 0, burst_for_s = 0, burst_factor = 1;
+  // Its rate at t, relative to its mean (1 without bursts).
+  double burst_at(double t) const;
+  double burst_peak() const { return burst_every_s > 0 ? burst_factor : 1.0; }
+};
+
+// A piecewise-linear rate over the run (key arrivals.profile = [[t_s, factor], ...]), times
+// from the start of the run (warm-up included); held at the ends. Empty: a constant rate.
+struct rate_profile {
+  std::vector<std::pair<double, double>> points;  // time-ordered
+  double at(double t) const;
+  double peak() const;
 };
 
 // One row of a replayed trace (CSV: arrival_s, tenant_key, prompt_tokens, output_tokens).
@@ -84,6 +98,7 @@ struct scenario {
 
   // [arrivals]
   arrival_kind arrivals = arrival_kind::poisson;
+  rate_profile profile;  // poisson only
   std::filesystem::path trace_path;
   std::vector<trace_row> trace;
 

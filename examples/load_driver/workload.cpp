@@ -68,10 +68,19 @@ std::vector<planned_request> plan_open_loop(const scenario& s, double rate_rps, 
   std::vector<planned_request> plan;
   request_source source(s, seed);
   if (s.arrivals == arrival_kind::poisson) {
+    // A Poisson process whose rate follows the profile and each class's bursts, by thinning:
+    // candidates at the peak rate, each kept with the ratio of its class's rate then to it.
     std::mt19937_64 rng(seed ^ 0x9e3779b97f4a7c15ull);
-    std::exponential_distribution<double> gap(rate_rps);
+    double burst_peak = 1.0;
+    for (const request_class& c : s.mix) burst_peak = std::max(burst_peak, c.burst_peak());
+    const double peak = s.profile.peak() * burst_peak;
+    const bool thin = !s.profile.points.empty() || burst_peak > 1.0;
+    std::exponential_distribution<double> gap(rate_rps * peak);
+    std::uniform_real_distribution<double> keep(0, 1);
     for (double t = gap(rng); t < horizon_s; t += gap(rng)) {
       planned_request r = source.next();
+      const double f = s.profile.at(t) * s.mix[static_cast<size_t>(r.cls)].burst_at(t);
+      if (thin && keep(rng) * peak >= f) continue;
       r.arrival_s = t;
       plan.push_back(r);
     }

@@ -80,6 +80,9 @@ struct runtime_stats {
   int64_t prefix_hit_blocks = 0, prefix_miss_blocks = 0, evictions = 0;
   int64_t steps = 0, shard_restarts = 0;
   int64_t completed = 0, rejected = 0, cancelled = 0, failed = 0;
+  // Of the rejected: admitted, then refused before starting (they could no longer start within
+  // their tier's bound, start_within_ms). Rare when admission predicts well.
+  int64_t late_refusals = 0;
   // Requests waiting in admission, per tier (name, count), highest priority first.
   std::vector<std::pair<std::string, int32_t>> queued_by_tier;
   // The largest mailbox each actor saw, sampled by the actor itself.

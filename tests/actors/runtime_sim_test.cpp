@@ -203,6 +203,41 @@ TEST(runtime_sim, a_shard_past_its_restart_budget_fails_every_request_at_once_an
   EXPECT_EQ(h.door().inside(), 0);
 }
 
+TEST(runtime_sim, an_admitted_request_that_cannot_start_in_time_is_refused_before_any_prefill_with_a_retry_hint) {
+  harness_options o;
+  o.policy = admission_policy::tireless;
+  o.max_step_seqs = 2;  // two at a time: the rest wait
+  auto t = harness_options::tier("free", 1, 64);
+  t.ttft = std::chrono::milliseconds(1000);  // may start within 2 s
+  o.tiers = {t};
+  sim_harness h(o);
+  std::vector<uint64_t> ids;
+  // All at once, before the engine has measured a step: admission predicts nothing yet and
+  // admits them; each takes ~0.8 s (200 tokens at 4 ms), so most cannot start within 2 s.
+  for (int i = 0; i < 16; ++i) ids.push_back(h.submit(tokens_request(20, 200, i)));
+  h.run();
+  expect_exactly_one_outcome_each(h, ids.size());
+  int completed = 0, late = 0;
+  for (uint64_t id : ids) {
+    const outcome& out = h.outcomes().at(id)[0];
+    if (out.kind == outcome_kind::completed) {
+      ++completed;
+      continue;
+    }
+    ASSERT_EQ(out.kind, outcome_kind::rejected) << out.message;
+    EXPECT_EQ(out.reason, "overloaded");
+    EXPECT_NE(out.message.find("admitted, but it waited"), std::string::npos) << out.message;
+    EXPECT_GE(out.retry_after_ms, 100);
+    EXPECT_EQ(out.tokens.size(), 0u) << "a refused request got tokens";
+    ++late;
+  }
+  EXPECT_GE(completed, 2);
+  EXPECT_GT(late, 0) << "every request waited for its turn, however long";
+  EXPECT_LE(h.engine().late_refusals, late);  // the rest were refused in admission's queue
+  EXPECT_EQ(h.kv().free, h.kv().total);
+  EXPECT_EQ(h.door().inside(), 0);
+}
+
 // Seeded random mixes of submits, cancels, deadlines and shard crashes.
 class random_scenarios : public ::testing::TestWithParam<uint32_t> {};
 

@@ -246,6 +246,30 @@ TEST(admission_control, an_admitted_request_that_can_no_longer_start_in_time_is_
   EXPECT_TRUE(p.too_late_to_start(10 * second).empty());
 }
 
+// A lower tier's wait counts the higher tiers' work that will arrive while it waits, not only
+// what is queued now.
+TEST(admission_control, a_lower_tiers_prediction_counts_the_higher_tiers_arrivals) {
+  const std::vector<tier_settings> tiers = {tier("gold", 2, 60s, false), tier("free", 1, 60s)};
+  admission_control quiet(admission_policy::tireless, {}, tiers, {});
+  admission_control busy(admission_policy::tireless, {}, tiers, {});
+  quiet.observe(busy_engine(5000));
+  busy.observe(busy_engine(5000));
+  // gold: 300 tokens a second for 20 s (about 60% of the 512-tokens-a-0.522-s-step capacity)
+  for (int i = 0; i < 200; ++i) {
+    ASSERT_TRUE(arrive(busy, static_cast<uint64_t>(i), "", "gold", i * second / 10, 30).admitted);
+    busy.next();  // released to the engine: the queue stays empty
+  }
+  const double alone = quiet.predicted_ttft("free", 100);
+  const double behind = busy.predicted_ttft("free", 100);
+  // gold's rate (a 10 s moving average) times a prompt token's share of a step: ρ ≈ 0.26.
+  double rate = 0;
+  for (int i = 0; i < 200; ++i) rate += 30 / 10.0 * std::exp(-(199 - i) / 10.0 / 10.0);
+  const double rho = rate * 0.522 / 512;
+  EXPECT_NEAR(behind, alone / (1 - rho), 1e-6) << "alone " << alone << " s, with gold arriving " << behind << " s";
+  EXPECT_GT(behind, 1.3 * alone);
+  EXPECT_LT(busy.predicted_ttft("gold", 100), behind) << "gold's own prediction is not stretched by itself";
+}
+
 TEST(admission_control, a_tier_that_is_not_sheddable_is_never_refused_for_its_prediction) {
   admission_control c(admission_policy::tireless, {}, {tier("gold", 1, 100ms, false)}, {});
   c.observe(busy_engine(100000));
