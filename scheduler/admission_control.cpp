@@ -268,6 +268,19 @@ admission_decision admission_control::decide(const arrival& a, bool promise) {
                                 ttft, ts.name, target, hint),
                     hint);
     }
+    // A tier that is not sheddable waits, but not for nothing: a request that would reach
+    // max_queue_wait before its first token is refused now, with the same reason it would get
+    // then, instead of after the stall.
+    const double max_wait = std::chrono::duration<double>(settings_.max_queue_wait).count();
+    if (!ts.sheddable && max_wait > 0 && ttft - (infeasible ? idle : 0.0) > max_wait) {
+      const int64_t hint = retry_hint_ms(ts, a, max_wait, promise);
+      return refuse(refusal::overloaded,
+                    fmt::format("the predicted time to first token, {:.1f} s, is beyond the longest wait "
+                                "(admission.max_queue_wait_ms, {:.0f} s) even for tier '{}', which is not shed: "
+                                "the server is over its capacity for this tier alone; retry in {} ms",
+                                ttft, max_wait, ts.name, hint),
+                    hint);
+    }
     if (auto q = check_quotas(*tenant, a, d.max_tokens)) return *q;
   }
   if (kind_ != admission_policy::fcfs && tier.queued >= ts.queue_bound) {

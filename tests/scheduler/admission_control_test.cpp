@@ -270,11 +270,20 @@ TEST(admission_control, a_lower_tiers_prediction_counts_the_higher_tiers_arrival
   EXPECT_LT(busy.predicted_ttft("gold", 100), behind) << "gold's own prediction is not stretched by itself";
 }
 
-TEST(admission_control, a_tier_that_is_not_sheddable_is_never_refused_for_its_prediction) {
+TEST(admission_control, a_tier_that_is_not_sheddable_is_refused_only_past_the_longest_wait) {
   admission_control c(admission_policy::tireless, {}, {tier("gold", 1, 100ms, false)}, {});
-  c.observe(busy_engine(100000));
+  c.observe(busy_engine(20000));
   EXPECT_GT(c.predicted_ttft("gold", 100), 10.0);
-  EXPECT_TRUE(arrive(c, 1, "", "gold", 0).admitted);
+  EXPECT_TRUE(arrive(c, 1, "", "gold", 0).admitted) << "a miss of its target is no reason";
+  // ~100 s predicted, past max_queue_wait (60 s): it would be refused then; it is now.
+  admission_control over(admission_policy::tireless, {}, {tier("gold", 1, 100ms, false)}, {});
+  over.observe(busy_engine(100000));
+  ASSERT_GT(over.predicted_ttft("gold", 100), 60.0);
+  const admission_decision d = arrive(over, 2, "", "gold", 0);
+  ASSERT_FALSE(d.admitted);
+  EXPECT_EQ(d.reason, refusal::overloaded);
+  EXPECT_NE(d.message.find("max_queue_wait_ms"), std::string::npos) << d.message;
+  EXPECT_GE(d.retry_after_ms, 40'000) << "the predicted wait beyond the longest one";
 }
 
 TEST(admission_control, each_degradation_level_applies_and_is_reported) {
