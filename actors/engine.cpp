@@ -55,6 +55,8 @@ struct engine_state {
   int32_t free_blocks = 0, total_blocks = 0;
   rate step_seconds, prefill_rate, decode_rate, finish_rate;
   step_time_model step_model;
+  step_residuals residuals;        // of step_model's predictions
+  double residual_p95 = 1.0;       // residuals.quantile(0.95), after each step
   int32_t last_sequences_credit = -1, last_tokens_credit = -1;
   mailbox_stats mailbox{"engine"};
   // Set when the shard supervisor gave up (its restart budget spent): every request held
@@ -124,8 +126,12 @@ void dispatch(self_ptr self, const std::vector<scheduler_event>& events) {
 // jitter (a shared host, the server's own threads) would otherwise put the tightest tier's
 // p99 time per output token right at its target (cpu-smollm2 at 3x: p99 150 ms of 150).
 // Less headroom costs throughput and prefill per step, so TTFT: at 0.8, h200-k2-fleet's
-// premium (a 500 ms TTFT target) fell to 98.9% at 3x; at 0.9 it keeps 99.2%.
+// premium (a 500 ms TTFT target) fell to 98.9% at 3x; at 0.9 it keeps 99.2%. So 0.9 at
+// most, and less when the model has been wrong lately: the target divided by the 95th
+// percentile of actual / predicted step time (a host slower by 20% for a while leaves its
+// steps ~80% of the target), never below half of it.
 constexpr double step_time_headroom = 0.9;
+constexpr double least_step_headroom = 0.5;
 
 // This step's time budget: the tightest tier's time per output token (less the headroom),
 // with the fitted step model to price each decode and prefill token.
@@ -133,7 +139,8 @@ step_time_budget step_budget(const engine_state& st) {
   step_time_budget b;
   const auto& k = st.step_model.coefficients();
   if (st.o.step_time_target_seconds <= 0 || k[1] <= 0) return b;
-  b.seconds = st.o.step_time_target_seconds * step_time_headroom;
+  b.seconds = st.o.step_time_target_seconds *
+              std::clamp(1.0 / std::max(st.residual_p95, 1e-6), least_step_headroom, step_time_headroom);
   b.c0 = std::max(k[0], 0.0);
   b.per_prefill_token = k[1];
   b.per_decode = std::max(k[2], 0.0);
@@ -249,6 +256,8 @@ void run_step(self_ptr self, step_request_msg msg, step_batch batch, int attempt
             }
             shape.prefill_tokens = static_cast<double>(prefill);
             shape.decode_seqs = static_cast<double>(decode);
+            if (st.step_model.observations() >= 8) st.residuals.add(st.step_model.predict(shape), seconds);
+            st.residual_p95 = st.residuals.quantile(0.95);
             st.step_model.observe(shape, seconds);
             const double dt = std::max(seconds, 1e-9);
             st.step_seconds.add(seconds, dt, st.o.rate_window_seconds);

@@ -44,6 +44,24 @@ void step_time_model::set_coefficients(const std::array<double, n>& c, int64_t o
 
 namespace tireless {
 
+step_residuals::step_residuals(size_t window, size_t min_samples)
+    : ratios_(std::max<size_t>(window, 1)), min_samples_(min_samples) {}
+
+void step_residuals::add(double predicted_seconds, double actual_seconds) {
+  if (predicted_seconds <= 0 || actual_seconds < 0) return;
+  ratios_[next_] = actual_seconds / predicted_seconds;
+  next_ = (next_ + 1) % ratios_.size();
+  count_ = std::min(count_ + 1, ratios_.size());
+}
+
+double step_residuals::quantile(double q) const {
+  if (count_ < std::max<size_t>(min_samples_, 1)) return 1.0;
+  std::vector<double> v(ratios_.begin(), ratios_.begin() + static_cast<std::ptrdiff_t>(count_));
+  const size_t i = std::min(count_ - 1, static_cast<size_t>(std::clamp(q, 0.0, 1.0) * static_cast<double>(count_ - 1) + 0.5));
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(i), v.end());
+  return v[i];
+}
+
 void step_time_model::seed(const std::array<double, n>& prior, int64_t weight) {
   theta_ = prior;
   observations_ = weight;

@@ -5,7 +5,9 @@
 // uses it to predict how long the work ahead of a new request will take.
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace tireless {
 
@@ -36,6 +38,23 @@ class step_time_model {
   std::array<double, n> theta_{};
   std::array<std::array<double, n>, n> p_{};
   int64_t observations_ = 0;
+};
+
+// The model's recent error: actual / predicted duration over the last `window` steps. The
+// engine packs a step to its time target divided by the 95th percentile of it, so the
+// headroom follows how wrong the model has been lately (a host that slows down, a shape the
+// fit does not capture) instead of a constant.
+class step_residuals {
+ public:
+  explicit step_residuals(size_t window = 256, size_t min_samples = 32);
+  void add(double predicted_seconds, double actual_seconds);  // ignored while predicted <= 0
+  // The q-quantile (0..1) of actual / predicted; 1 while fewer than min_samples were added.
+  double quantile(double q) const;
+  size_t size() const { return count_; }
+
+ private:
+  std::vector<double> ratios_;  // a ring
+  size_t next_ = 0, count_ = 0, min_samples_;
 };
 
 }  // namespace tireless
