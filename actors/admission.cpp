@@ -73,7 +73,7 @@ void release(self_ptr self) {
   if (!st.engine) return;
   while (auto q = st.control().peek_priority()) {
     if (!room_for(st, *q)) return;
-    auto next = st.control().next();
+    auto next = st.control().next(now_ns(self));
     auto it = st.queued.find(next->id);
     if (it == st.queued.end()) continue;
     const int32_t priority = it->second.request.get().getTierPriority();

@@ -139,8 +139,8 @@ step_time_budget step_budget(const engine_state& st) {
   step_time_budget b;
   const auto& k = st.step_model.coefficients();
   if (st.o.step_time_target_seconds <= 0 || k[1] <= 0) return b;
-  b.seconds = st.o.step_time_target_seconds *
-              std::clamp(1.0 / std::max(st.residual_p95, 1e-6), least_step_headroom, step_time_headroom);
+  b.headroom = std::clamp(1.0 / std::max(st.residual_p95, 1e-6), least_step_headroom, step_time_headroom);
+  b.seconds = st.o.step_time_target_seconds * b.headroom;
   b.c0 = std::max(k[0], 0.0);
   b.per_prefill_token = k[1];
   b.per_decode = std::max(k[2], 0.0);

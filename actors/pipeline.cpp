@@ -44,6 +44,7 @@ pipeline_options make_pipeline_options(const runtime_config& c, const resolved_l
   eo.limits.max_preemptions = c.engine.max_preemptions;
   eo.limits.max_context = lim.max_context;
   eo.limits.block_size = geo.block_size;
+  eo.limits.least_slack = c.admission.policy == admission_policy::least_slack;
   eo.max_waiting = c.engine.max_step_seqs;
   eo.max_waiting_tokens = 2 * c.engine.max_step_tokens;
   eo.rate_window_seconds = std::chrono::duration<double>(c.admission.pressure_window).count();
@@ -52,8 +53,10 @@ pipeline_options make_pipeline_options(const runtime_config& c, const resolved_l
 }
 
 int64_t door_capacity(const runtime_config& c, const pipeline_options& o) {
-  // fcfs models a server without admission control: an unbounded queue.
-  if (c.admission.policy == admission_policy::fcfs) return int64_t{1} << 40;
+  // fcfs and least-slack model servers without admission control: an unbounded queue.
+  if (c.admission.policy == admission_policy::fcfs || c.admission.policy == admission_policy::least_slack) {
+    return int64_t{1} << 40;
+  }
   int64_t queued = 0;
   for (const tier_settings& t : c.tiers) queued += t.queue_bound;
   return queued + o.engine.max_waiting + o.kv.blocks.n_blocks;

@@ -28,7 +28,8 @@ constexpr std::array backend_kinds{choice<backend_kind>{"cpu", backend_kind::cpu
                                    choice<backend_kind>{"cuda", backend_kind::cuda}};
 constexpr std::array policies{choice<admission_policy>{"fcfs", admission_policy::fcfs},
                               choice<admission_policy>{"priority", admission_policy::priority},
-                              choice<admission_policy>{"tireless", admission_policy::tireless}};
+                              choice<admission_policy>{"tireless", admission_policy::tireless},
+                              choice<admission_policy>{"least-slack", admission_policy::least_slack}};
 
 // Tier and tenant names appear in metric labels and log lines.
 bool valid_name(std::string_view name) {

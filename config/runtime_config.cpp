@@ -75,6 +75,7 @@ std::string_view to_string(admission_policy policy) {
     case admission_policy::fcfs: return "fcfs";
     case admission_policy::priority: return "priority";
     case admission_policy::tireless: return "tireless";
+    case admission_policy::least_slack: return "least-slack";
   }
   return "?";
 }

@@ -36,6 +36,8 @@ enum class admission_policy {
   priority,  // strict tier priority, arrival order inside a tier
   tireless,  // tier priority, fair shares between tenants, predicted-TTFT early rejection,
              // degradation ladders
+  least_slack,  // a peer without admission control: every request admitted, deadlines by
+                // tier, released and prefilled by least slack across tiers, nothing shed
 };
 enum class degrade_action { cap_max_tokens, cap_prompt_tokens, shed };
 

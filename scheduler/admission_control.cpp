@@ -66,7 +66,8 @@ double admission_control::service_seconds() const {
   return load_.finished_per_second > 0 ? std::max(load_.running, 1) / load_.finished_per_second : 1.0;
 }
 
-double admission_control::predicted_ttft(const std::string& tier, int32_t prompt_tokens, double extra_tokens) const {
+double admission_control::predicted_ttft(const std::string& tier, int32_t prompt_tokens, double extra_tokens,
+                                         bool own_work_only) const {
   if (load_.step_observations < 8 || load_.max_step_tokens <= 0) return 0.0;  // nothing measured yet: optimistic
   step_time_model model;
   model.set_coefficients(load_.step_model, load_.step_observations);
@@ -98,9 +99,13 @@ double admission_control::predicted_ttft(const std::string& tier, int32_t prompt
   const double decodes = std::min<double>(load_.max_step_seqs, load_.running + requests_ahead / 2.0);
   const double context_per_decode = load_.running > 0 ? load_.decode_context / load_.running : 0.0;
   const double prefill_per_step = std::max(1.0, load_.max_step_tokens - decodes);
+  // Full steps of prefill, then one with what is left (a prompt shorter than a step's prefill
+  // does not cost a whole one).
   const double step = model.predict({prefill_per_step, decodes, decodes * context_per_decode});
-  const double steps = (tokens_ahead + prompt_tokens) / prefill_per_step;
-  double ttft = (std::floor(steps) + 1.0) * step;
+  const double work = tokens_ahead + prompt_tokens;
+  const double full_steps = std::floor(work / prefill_per_step);
+  const double rest = work - full_steps * prefill_per_step;
+  double ttft = full_steps * step + (rest > 0 ? model.predict({rest, decodes, decodes * context_per_decode}) : 0.0);
   // Higher tiers' work that arrives during the wait goes ahead of it too: with ρ the share of
   // the prefill capacity they take, the wait stretches by 1 / (1 - ρ) (tireless only).
   if (kind_ == admission_policy::tireless) {
@@ -111,7 +116,7 @@ double admission_control::predicted_ttft(const std::string& tier, int32_t prompt
     ttft /= std::max(1.0 - rho, 0.05);
   }
   // No room in the batch: it also waits for requests to finish.
-  const double excess = load_.running + requests_ahead + 1.0 - load_.max_step_seqs;
+  const double excess = (own_work_only ? 0 : load_.running) + requests_ahead + 1.0 - load_.max_step_seqs;
   if (excess > 0 && load_.finished_per_second > 0) ttft += excess / load_.finished_per_second;
   return ttft;
 }
@@ -211,8 +216,13 @@ admission_decision admission_control::decide(const arrival& a, bool promise) {
   admission_decision d;
   d.admitted = true;
   d.max_tokens = a.max_tokens;
-  d.priority = kind_ == admission_policy::fcfs ? 0 : ts.priority;
+  d.priority = kind_ == admission_policy::fcfs || kind_ == admission_policy::least_slack ? 0 : ts.priority;
   tenant_state* tenant = &tenant_of(a.tenant);
+  if (kind_ == admission_policy::least_slack) {  // deadlines, and nothing refused
+    d.ttft_target = ts.ttft;
+    d.tpot_target = ts.tpot;
+    return d;
+  }
 
   if (kind_ == admission_policy::tireless) {
     d.ttft_target = ts.ttft;
@@ -268,17 +278,21 @@ admission_decision admission_control::decide(const arrival& a, bool promise) {
                                 ttft, ts.name, target, hint),
                     hint);
     }
-    // A tier that is not sheddable waits, but not for nothing: a request that would reach
-    // max_queue_wait before its first token is refused now, with the same reason it would get
-    // then, instead of after the stall.
-    const double max_wait = std::chrono::duration<double>(settings_.max_queue_wait).count();
-    if (!ts.sheddable && max_wait > 0 && ttft - (infeasible ? idle : 0.0) > max_wait) {
+    // A tier that is not sheddable is not refused for the lower tiers' load, but when the work
+    // of its own tier and above would hold its first token past its start bound (default 2x
+    // its target) or max_queue_wait, the tier alone is over the capacity: it is refused now,
+    // with a retry hint, rather than served late with the others (the queue then stays short
+    // enough that those admitted meet their target).
+    const double max_wait = std::min(std::chrono::duration<double>(settings_.max_queue_wait).count(),
+                                     std::chrono::duration<double>(ts.start_bound()).count());
+    const double own_ttft = ts.sheddable ? ttft : predicted_ttft(ts.name, a.prompt_tokens, 0, true);
+    if (!ts.sheddable && max_wait > 0 && own_ttft - (infeasible ? idle : 0.0) > max_wait) {
       const int64_t hint = retry_hint_ms(ts, a, max_wait, promise);
       return refuse(refusal::overloaded,
                     fmt::format("the predicted time to first token, {:.1f} s, is beyond the longest wait "
-                                "(admission.max_queue_wait_ms, {:.0f} s) even for tier '{}', which is not shed: "
+                                "(start_within_ms or admission.max_queue_wait_ms, {:.1f} s) even for tier '{}', which is not shed: "
                                 "the server is over its capacity for this tier alone; retry in {} ms",
-                                ttft, max_wait, ts.name, hint),
+                                own_ttft, max_wait, ts.name, hint),
                     hint);
     }
     if (auto q = check_quotas(*tenant, a, d.max_tokens)) return *q;
@@ -316,6 +330,7 @@ admission_decision admission_control::arrive(const arrival& a) {
     q.weight = tenant->settings->weight;
     if (q.ids.empty()) tier.rotation.push_back(a.tenant);
     q.ids.push_back(a.id);
+    q.arrivals.push_back(a.now_ns);
   } else if (kind_ == admission_policy::fcfs) {
     arrivals_.push_back(a.id);
   } else {
@@ -335,6 +350,17 @@ void admission_control::dequeue(const holding& h) {
   tier.queued_prompt_tokens -= h.q.prompt_tokens;
 }
 
+size_t admission_control::first_on_time(const tenant_queue& q, const tier_settings& ts) const {
+  const int64_t ttft = std::chrono::duration_cast<std::chrono::nanoseconds>(ts.ttft).count();
+  // Arrivals are in order: the requests still within their deadline are a suffix.
+  auto at = std::upper_bound(q.arrivals.begin(), q.arrivals.end(), now_ns_ - ttft);
+  for (auto i = static_cast<size_t>(at - q.arrivals.begin()); i < q.ids.size(); ++i) {
+    auto it = held_.find(q.ids[i]);
+    if (it != held_.end() && it->second.queued) return i;
+  }
+  return 0;
+}
+
 std::optional<queued_request> admission_control::next_in_tier(tier_state& t) {
   if (kind_ != admission_policy::tireless) {
     while (!t.fifo.empty()) {
@@ -350,23 +376,30 @@ std::optional<queued_request> admission_control::next_in_tier(tier_state& t) {
   }
   // Weighted deficit round robin by tokens: the tenant at the front serves while its deficit
   // covers its next request's tokens, else earns a quantum (times its weight) and moves back.
+  // A tenant serves its oldest request, except in a tier that is not sheddable once its
+  // oldest are past their first-token deadline (the tier alone is over the capacity): then
+  // its oldest request that can still meet it, so some meet their deadline rather than none
+  // (those past it follow, or end at admission.max_queue_wait).
   while (!t.rotation.empty()) {
     tenant_queue& tq = t.tenants[t.rotation.front()];
     while (!tq.ids.empty()) {
       auto it = held_.find(tq.ids.front());
       if (it != held_.end() && it->second.queued) break;
       tq.ids.pop_front();  // cancelled meanwhile
+      tq.arrivals.pop_front();
     }
     if (tq.ids.empty()) {
       tq.deficit = 0;
       t.rotation.pop_front();
       continue;
     }
-    holding& h = held_.at(tq.ids.front());
+    const size_t pick = t.settings->sheddable ? 0 : first_on_time(tq, *t.settings);
+    holding& h = held_.at(tq.ids[pick]);
     const double cost = static_cast<double>(h.q.prompt_tokens) + h.q.max_tokens;
     if (tq.deficit >= cost) {
       tq.deficit -= cost;
-      tq.ids.pop_front();
+      tq.ids.erase(tq.ids.begin() + static_cast<std::ptrdiff_t>(pick));
+      tq.arrivals.erase(tq.arrivals.begin() + static_cast<std::ptrdiff_t>(pick));
       h.queued = false;
       dequeue(h);
       if (tq.ids.empty()) {
@@ -382,7 +415,27 @@ std::optional<queued_request> admission_control::next_in_tier(tier_state& t) {
   return std::nullopt;
 }
 
-std::optional<queued_request> admission_control::next() {
+std::optional<queued_request> admission_control::next(int64_t now_ns) {
+  now_ns_ = std::max(now_ns_, now_ns);
+  if (kind_ == admission_policy::least_slack) {  // earliest first-token deadline across tiers
+    tier_state* best = nullptr;
+    int64_t best_due = 0;
+    for (tier_state& t : tier_states_) {
+      while (!t.fifo.empty()) {  // drop the front while it was cancelled meanwhile
+        auto it = held_.find(t.fifo.front());
+        if (it != held_.end() && it->second.queued) break;
+        t.fifo.pop_front();
+      }
+      if (t.fifo.empty()) continue;
+      const int64_t due = held_.at(t.fifo.front()).q.arrival_ns +
+                          std::chrono::duration_cast<std::chrono::nanoseconds>(t.settings->ttft).count();
+      if (!best || due < best_due) {
+        best = &t;
+        best_due = due;
+      }
+    }
+    return best ? next_in_tier(*best) : std::nullopt;
+  }
   if (kind_ == admission_policy::fcfs) {
     while (!arrivals_.empty()) {
       const uint64_t id = arrivals_.front();
@@ -403,6 +456,12 @@ std::optional<queued_request> admission_control::next() {
 }
 
 std::optional<int32_t> admission_control::peek_priority() const {
+  if (kind_ == admission_policy::least_slack) {
+    for (const tier_state& t : tier_states_) {
+      if (t.queued > 0) return 0;
+    }
+    return std::nullopt;
+  }
   if (kind_ == admission_policy::fcfs) {
     for (uint64_t id : arrivals_) {
       auto it = held_.find(id);
@@ -438,7 +497,7 @@ void admission_control::finished(uint64_t id, int32_t used_tokens, int64_t now_n
 
 std::vector<queued_request> admission_control::expire(int64_t now_ns) {
   std::vector<queued_request> out;
-  if (kind_ == admission_policy::fcfs) return out;
+  if (kind_ == admission_policy::fcfs || kind_ == admission_policy::least_slack) return out;
   const int64_t limit = std::chrono::duration_cast<std::chrono::nanoseconds>(settings_.max_queue_wait).count();
   for (auto& [id, h] : held_) {
     if (h.queued && now_ns - h.q.arrival_ns > limit) out.push_back(h.q);

@@ -1,6 +1,6 @@
 #pragma once
 // Admission's decisions, CAF-free: who is refused at arrival and why, what is degraded, and
-// who goes to the engine next. Three policies, selectable so they can be compared in one run:
+// who goes to the engine next. Four policies, selectable so they can be compared in one run:
 //   fcfs      one unbounded FIFO, no tiers: a server without admission control
 //   priority  strict tier priority, FIFO inside a tier, bounded queues (vLLM's priority
 //             scheduling with a queue limit)
@@ -8,6 +8,9 @@
 //             tokens between a tier's tenants; early rejection of sheddable requests whose
 //             predicted time to first token misses the tier's target (Mooncake's
 //             prediction-based rejection); degradation ladders; bounded queues
+//   least-slack  the SLO-aware peer without admission control: nothing refused, every
+//             request gets its tier's deadlines, released by earliest first-token deadline
+//             and prefilled by least slack across tiers (no tier priority)
 // Every refusal carries a reason and, when waiting helps, retry_after_ms.
 
 #include <array>
@@ -88,7 +91,7 @@ class admission_control {
   // Whether arrive(a) would refuse now; nothing is queued or promised.
   bool would_refuse(const arrival& a);
   // The next request for the engine, in policy order (removed from its queue).
-  std::optional<queued_request> next();
+  std::optional<queued_request> next(int64_t now_ns = 0);  // now_ns: the clock of arrivals (0: the latest seen)
   // The engine priority of the request next() would return, if any.
   std::optional<int32_t> peek_priority() const;
   // A queued request left (cancelled or expired); its reservation is returned.
@@ -111,8 +114,11 @@ class admission_control {
   void observe(const engine_load& load) { load_ = load; }
 
   // Predicted seconds from arrival to the first token of a request of this tier and prompt,
-  // with extra_tokens more prompt work ahead of it.
-  double predicted_ttft(const std::string& tier, int32_t prompt_tokens, double extra_tokens = 0) const;
+  // with extra_tokens more prompt work ahead of it. own_work_only: only the work at its tier
+  // and above holds it back (not running requests of lower tiers that fill the batch; the
+  // engine places higher tiers first).
+  double predicted_ttft(const std::string& tier, int32_t prompt_tokens, double extra_tokens = 0,
+                        bool own_work_only = false) const;
   // Seconds the prompt's prefill takes on an idle engine (0 until steps were measured), and
   // the longest prompt whose idle prefill fits `seconds`.
   double idle_prefill(int32_t prompt_tokens) const;
@@ -132,9 +138,13 @@ class admission_control {
   };
   struct tenant_queue {         // a tenant's queued requests in one tier (tireless)
     std::deque<uint64_t> ids;
+    std::deque<int64_t> arrivals;  // ids' arrival times (ns), in the same order
     double deficit = 0;         // weighted deficit round robin, in tokens
     double weight = 1.0;
   };
+  // The first of q's requests (an index) still able to start within its tier's first-token
+  // target, now; 0 if none is.
+  size_t first_on_time(const tenant_queue& q, const tier_settings& ts) const;
   struct tier_state {
     const tier_settings* settings = nullptr;
     std::deque<uint64_t> fifo;         // fcfs / priority order

@@ -92,7 +92,7 @@ int64_t batch_scheduler::sequence::next_token_due() const {
 
 std::vector<size_t> batch_scheduler::prefill_order(const std::vector<const sequence*>& order,
                                                    const std::vector<size_t>& placed, size_t first, size_t last,
-                                                   const step_time_budget& time) const {
+                                                   const step_time_budget& time, int64_t now) const {
   // Earliest deadline first, late ones first of all (admission keeps a tier's load within
   // what its deadlines allow, and refuses what waited too long). Then prompts without a
   // deadline, then the infeasible ones: those whose whole prefill on an idle engine takes
@@ -101,8 +101,11 @@ std::vector<size_t> batch_scheduler::prefill_order(const std::vector<const seque
   // the prompt's own prefill) was measured worse: a prompt part-prefilled gains slack and is
   // paused for newer ones, so more of them are late (h200-k2-fleet at 3x: premium 99.2% ->
   // 98.7%).
+  // In a tier that is not sheddable (no start_by), a prompt already past its first-token
+  // deadline goes after those that can still meet theirs: the tier alone is over the
+  // capacity, and serving the late first would make every one of them late.
   struct candidate {
-    int rank;        // 0: feasible, 1: no deadline, 2: infeasible
+    int rank;        // 0: feasible, 1: no deadline, 2: past its deadline (not sheddable), 3: infeasible
     int64_t due;     // rank 0 only
     size_t at;       // keep order
   };
@@ -113,9 +116,14 @@ std::vector<size_t> batch_scheduler::prefill_order(const std::vector<const seque
     const int64_t due = s.next_token_due();
     if (due == no_deadline) {
       c.push_back({1, 0, k});
+    } else if (limits_.least_slack) {
+      const auto left = static_cast<int32_t>(s.tokens.size()) - s.computed;
+      c.push_back({0, due - static_cast<int64_t>(idle_prefill_seconds(left, time, limits_.max_step_tokens) * 1e9), k});
     } else if (s.generated == 0 && idle_prefill_seconds(static_cast<int32_t>(s.spec.prompt.size()), time, limits_.max_step_tokens) >
                                         static_cast<double>(s.spec.ttft_target_ns) * 1e-9) {
-      c.push_back({2, 0, k});
+      c.push_back({3, 0, k});
+    } else if (s.generated == 0 && s.computed == 0 && s.spec.start_by == 0 && due < now) {
+      c.push_back({2, due, k});
     } else {
       c.push_back({0, due, k});
     }
@@ -129,6 +137,45 @@ std::vector<size_t> batch_scheduler::prefill_order(const std::vector<const seque
   out.reserve(c.size());
   for (const candidate& x : c) out.push_back(placed[x.at]);
   return out;
+}
+
+double batch_scheduler::stretched_seconds(const std::vector<const sequence*>& order, const std::vector<size_t>& placed,
+                                          const std::vector<size_t>& tiers, const step_time_budget& time,
+                                          int64_t now) const {
+  if (time.per_prefill_token <= 0 || placed.empty()) return time.seconds;
+  // The decodes that run in the longest step: the first tier's, and a lower tier's whose next
+  // token would be late if it yielded (as propose() places them). Their least slack bounds
+  // the step; the lower tiers' others yield.
+  int64_t decode_slack = no_deadline;
+  double decode_seconds = 0;
+  const int64_t skip_is_late = now + static_cast<int64_t>(2e9 * max_step_stretch * time.seconds);
+  for (size_t k = 0; k < placed.size(); ++k) {
+    const sequence& s = *order[placed[k]];
+    if (!is_decode(s) || (k >= tiers[1] && s.next_token_due() > skip_is_late)) continue;
+    decode_slack = std::min(decode_slack, s.next_token_due() - now);
+    decode_seconds += time.per_decode + time.per_context_position * s.computed;
+  }
+  if (decode_slack <= 0) return time.seconds;
+  // The prompt first in line for prefill: the highest tier's first feasible one with a deadline.
+  for (size_t t = 0; t + 1 < tiers.size(); ++t) {
+    for (size_t i : prefill_order(order, placed, tiers[t], tiers[t + 1], time, now)) {
+      const sequence& s = *order[i];
+      const int64_t due = s.next_token_due();
+      const auto prompt = static_cast<int32_t>(s.tokens.size());
+      if (s.generated > 0 || due == no_deadline ||
+          idle_prefill_seconds(prompt, time, limits_.max_step_tokens) > static_cast<double>(s.spec.ttft_target_ns) * 1e-9) {
+        continue;
+      }
+      const double pace = std::clamp((time.seconds - time.c0 - decode_seconds) / time.per_prefill_token,
+                                     static_cast<double>(min_step_prefill_tokens), static_cast<double>(limits_.max_step_tokens));
+      const double steps = std::ceil((prompt - s.computed) / pace);
+      if (static_cast<double>(now) + steps * time.seconds * 1e9 <= static_cast<double>(due)) return time.seconds;
+      return std::clamp(decode_slack == no_deadline ? max_step_stretch * time.seconds
+                                                    : static_cast<double>(decode_slack) * 1e-9 * time.headroom,
+                        time.seconds, max_step_stretch * time.seconds);
+    }
+  }
+  return time.seconds;
 }
 
 kv_request batch_scheduler::propose(const step_time_budget& time, int64_t now) {
@@ -167,7 +214,7 @@ kv_request batch_scheduler::propose(const step_time_budget& time, int64_t now) {
       }
     }
     for (size_t t = 0; t + 1 < tiers.size(); ++t) {
-      for (size_t i : prefill_order(order, placed, tiers[t], tiers[t + 1], time)) {
+      for (size_t i : prefill_order(order, placed, tiers[t], tiers[t + 1], time, now)) {
         if (budget <= 0) break;
         const sequence& s = *order[i];
         const int32_t n = std::min(static_cast<int32_t>(s.tokens.size()) - s.computed, budget);
@@ -185,10 +232,11 @@ kv_request batch_scheduler::propose(const step_time_budget& time, int64_t now) {
     // (skipping one only makes that tier's time per token worse), and prefill advances by
     // min_step_prefill_tokens, the progress admission's predictions count on (so a waiting
     // request is never starved by running decodes that fill the step's time).
-    double left = time.seconds - time.c0;
+    const double seconds = stretched_seconds(order, placed, tiers, time, now);
+    double left = seconds - time.c0;
     int32_t prefill_floor = min_step_prefill_tokens;
     auto decode_cost = [&](const sequence& s) { return time.per_decode + time.per_context_position * s.computed; };
-    const int64_t skip_is_late = now + static_cast<int64_t>(2e9 * time.seconds);
+    const int64_t skip_is_late = now + static_cast<int64_t>(2e9 * seconds);
     for (size_t k = tiers.size() > 1 ? tiers[1] : placed.size(); k < placed.size(); ++k) {
       const sequence& s = *order[placed[k]];
       if (!is_decode(s) || budget <= 0 || s.next_token_due() > skip_is_late) continue;
@@ -206,7 +254,7 @@ kv_request batch_scheduler::propose(const step_time_budget& time, int64_t now) {
         --budget;
         left -= cost;
       }
-      for (size_t i : prefill_order(order, placed, tiers[t], tiers[t + 1], time)) {
+      for (size_t i : prefill_order(order, placed, tiers[t], tiers[t + 1], time, now)) {
         if (budget <= 0) break;
         const sequence& s = *order[i];
         const int32_t fit = time.per_prefill_token > 0 ? static_cast<int32_t>(left / time.per_prefill_token) : budget;

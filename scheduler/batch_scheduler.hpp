@@ -29,6 +29,10 @@ struct scheduler_limits {
   int32_t max_preemptions = 3;   // then a request is protected from preemption (last resort only)
   int32_t max_context = 8192;
   int32_t block_size = 16;       // of the KV pool: full blocks are offered to the prefix cache
+  // Prefill by least slack (the deadline less the prompt's remaining prefill on an idle
+  // engine), infeasible prompts included: the least-slack peer policy. Default: earliest
+  // deadline first, infeasible prompts last.
+  bool least_slack = false;
 };
 
 // Prompt tokens a step computes whatever its time budget, while a prompt waits: the least
@@ -39,7 +43,14 @@ constexpr int32_t min_step_prefill_tokens = 16;
 struct step_time_budget {
   double seconds = 0;
   double c0 = 0, per_prefill_token = 0, per_decode = 0, per_context_position = 0;
+  double headroom = 1;  // seconds is this share of the time target (for the model's error)
 };
+
+// A step runs at most this many times its budget, and only while every decode in it has the
+// slack (it is ahead of its one-token-per-TPOT deadline) and a waiting prompt's first-token
+// deadline would be missed at the budget's pace. Longer steps are longer gaps between a
+// stream's tokens; three budgets stay within the mean time per token the SLO promises.
+constexpr double max_step_stretch = 3.0;
 
 // Seconds a prompt's prefill takes on an idle engine, in chunks of max_step_tokens, by the
 // budget's cost model (0 without one). Longer than its tier's first-token target: the
@@ -136,7 +147,11 @@ class batch_scheduler {
   // The prefill candidates among order[placed[first..last)] (one tier), in the order the
   // step's prefill budget goes to them.
   std::vector<size_t> prefill_order(const std::vector<const sequence*>& order, const std::vector<size_t>& placed,
-                                    size_t first, size_t last, const step_time_budget& time) const;
+                                    size_t first, size_t last, const step_time_budget& time, int64_t now) const;
+  // This step's seconds: the budget's, or longer (max_step_stretch) within the decodes' slack
+  // when the first prompt of the highest tier that has one would miss its deadline.
+  double stretched_seconds(const std::vector<const sequence*>& order, const std::vector<size_t>& placed,
+                           const std::vector<size_t>& tiers, const step_time_budget& time, int64_t now) const;
 
   scheduler_limits limits_;
   std::map<seq_id, sequence> seqs_;

@@ -34,6 +34,13 @@ bool silently_shortened(const request_record& r) {
          r.completion_tokens < r.plan.max_tokens && r.degradations.empty();
 }
 
+// Its first token after twice the later of its tier's target and its own prefill on an idle
+// engine (what an infeasible request's degradation line promises).
+bool late(const request_record& r, double ttft_target_ms) {
+  const double idle_ms = std::isnan(r.idle_ttft_s) ? 0.0 : r.idle_ttft_s * 1000.0;
+  return ttft_target_ms > 0 && r.ttft_ms > 2 * std::max(ttft_target_ms, idle_ms);
+}
+
 struct samples {
   std::vector<double> ttft, tpot, reject;
 };
@@ -49,7 +56,7 @@ void add(tier_metrics& m, samples& x, const request_record& r) {
   switch (r.kind) {
     case outcome_kind::completed: {
       ++m.completed;
-      m.late += m.ttft_target_ms > 0 && r.ttft_ms > 2 * m.ttft_target_ms;
+      m.late += late(r, m.ttft_target_ms);
       m.completion_tps += r.completion_tokens;
       const double tpot = tpot_ms(r);
       if (r.ttft_ms >= 0) x.ttft.push_back(r.ttft_ms);
@@ -67,7 +74,97 @@ void add(tier_metrics& m, samples& x, const request_record& r) {
   }
 }
 
+bool slo_met(const request_record& r, const tier_metrics& t) {
+  const double tpot = tpot_ms(r);
+  return r.done() && r.kind == outcome_kind::completed && r.ttft_ms >= 0 && r.ttft_ms <= t.ttft_target_ms &&
+         (std::isnan(tpot) || tpot <= t.tpot_target_ms);
+}
+
+bool feasible(const request_record& r, const tier_metrics& t) {
+  return std::isnan(r.idle_ttft_s) || r.idle_ttft_s * 1000.0 <= t.ttft_target_ms ||
+         (r.done() && r.kind == outcome_kind::completed && r.ttft_ms >= 0 && r.ttft_ms <= t.ttft_target_ms);
+}
+
+double ratio(int64_t n, int64_t d) { return d > 0 ? static_cast<double>(n) / static_cast<double>(d) : nan; }
+
+// Counts by tier of the requests arriving in [from, to).
+window_metrics count_window(const run_result& run, const run_metrics& m, double from, double to) {
+  window_metrics w;
+  w.from_s = from;
+  w.to_s = to;
+  w.tiers.resize(m.tiers.size());
+  for (const request_record& r : run.records) {
+    if (r.plan.arrival_s < from || r.plan.arrival_s >= to) continue;
+    const tier_metrics& t = m.tiers[static_cast<size_t>(r.plan.tier)];
+    window_metrics::tier_counts& c = w.tiers[static_cast<size_t>(r.plan.tier)];
+    const bool met = slo_met(r, t), can = feasible(r, t);
+    ++c.offered;
+    c.met += met;
+    c.feasible += can;
+    c.feasible_met += can && met;
+    if (r.done() && r.kind == outcome_kind::completed) {
+      ++c.completed;
+      c.late += late(r, t.ttft_target_ms);
+    }
+  }
+  return w;
+}
+
+void measure_windows(const run_result& run, run_metrics& m) {
+  const double span = run.measure_to_s - run.measure_from_s;
+  m.window_s = std::min(60.0, span);
+  const auto n = static_cast<size_t>(std::max(1.0, std::round(span / m.window_s)));
+  for (size_t i = 0; i < n; ++i) {
+    const double from = run.measure_from_s + static_cast<double>(i) * m.window_s;
+    m.windows.push_back(count_window(run, m, from, i + 1 == n ? run.measure_to_s : from + m.window_s));
+  }
+  for (size_t k = 0; k < m.tiers.size(); ++k) {
+    double worst_slo = nan, worst_late = nan;
+    for (const window_metrics& w : m.windows) {
+      const auto& c = w.tiers[k];
+      if (c.feasible > 0) worst_slo = std::isnan(worst_slo) ? ratio(c.feasible_met, c.feasible) : std::min(worst_slo, ratio(c.feasible_met, c.feasible));
+      if (c.completed > 0) worst_late = std::isnan(worst_late) ? ratio(c.late, c.completed) : std::max(worst_late, ratio(c.late, c.completed));
+    }
+    m.tiers[k].worst_window_slo_feasible = worst_slo;
+    m.tiers[k].worst_window_late = worst_late;
+  }
+}
+
+// After the load drops to the capacity: the first moment from which every window of
+// recovery_step_s has every tier at >= 99% among feasible requests.
+void measure_recovery(const run_result& run, const scenario& s, run_metrics& m) {
+  if (s.profile.points.empty()) return;
+  double peak_at = 0, peak = -1;
+  for (const auto& [t, f] : s.profile.points) {
+    if (f > peak) {
+      peak = f;
+      peak_at = t;
+    }
+  }
+  if (run.multiple * peak <= 1.0) return;  // never over the capacity
+  double drop = -1;
+  for (double t = peak_at; t < run.measure_to_s; t += 1.0) {
+    if (run.multiple * s.profile.at(t) <= 1.0) {
+      drop = t;
+      break;
+    }
+  }
+  if (drop < run.measure_from_s) return;  // no drop inside the measured part
+  m.drop_s = drop;
+  double last_bad_end = -1;
+  for (double from = drop; from + 1e-9 < run.measure_to_s; from += run_metrics::recovery_step_s) {
+    const double to = std::min(from + run_metrics::recovery_step_s, run.measure_to_s);
+    const window_metrics w = count_window(run, m, from, to);
+    for (const auto& c : w.tiers) {
+      if (c.feasible > 0 && ratio(c.feasible_met, c.feasible) < 0.99) last_bad_end = to;
+    }
+  }
+  if (last_bad_end < 0) m.recovery_s = 0;
+  else if (last_bad_end < run.measure_to_s - 1e-9) m.recovery_s = last_bad_end - drop;
+}
+
 void finish(tier_metrics& m, samples& x, double window_s) {
+  m.slo_feasible = ratio(m.feasible_met, m.feasible);
   m.ttft_p50 = percentile(x.ttft, 50);
   m.ttft_p99 = percentile(x.ttft, 99);
   m.tpot_p50 = percentile(x.tpot, 50);
@@ -133,6 +230,11 @@ nlohmann::json metrics_json(const tier_metrics& m) {
           {"late", m.late},
           {"rejected_after_admission", m.rejected_after_admission},
           {"slo_attainment", m.slo_attainment},
+          {"feasible", m.feasible},
+          {"feasible_met", m.feasible_met},
+          {"slo_attainment_feasible", m.slo_feasible},
+          {"worst_window_slo_feasible", m.worst_window_slo_feasible},
+          {"worst_window_late_share", m.worst_window_late},
           {"goodput_tokens_per_s", m.goodput_tps},
           {"completion_tokens_per_s", m.completion_tps},
           {"ttft_ms", {{"p50", m.ttft_p50}, {"p99", m.ttft_p99}}},
@@ -172,6 +274,7 @@ nlohmann::json requests_json(const run_result& run, const scenario& s) {
                         {"class", r.plan.cls >= 0 ? s.mix[static_cast<size_t>(r.plan.cls)].name : "trace"},
                         {"prompt_tokens_asked", r.plan.prompt_tokens},
                         {"max_tokens", r.plan.max_tokens},
+                        {"idle_ttft_ms", r.idle_ttft_s * 1000.0},
                         {"outcome", r.done() ? nlohmann::json(std::string(r.kind == outcome_kind::completed ? "completed"
                                                               : r.kind == outcome_kind::rejected ? "rejected"
                                                               : r.kind == outcome_kind::cancelled ? "cancelled"
@@ -218,19 +321,26 @@ run_metrics measure(const run_result& run, const scenario& s) {
     m.total.ttft_target_ms = target_of(r).ttft_target_ms;
     add(m.total, all, r);
     m.total.ttft_target_ms = 0;
-    const double tpot = tpot_ms(r);
-    const bool met = r.done() && r.kind == outcome_kind::completed && r.ttft_ms >= 0 && r.ttft_ms <= t.ttft_target_ms &&
-                     (std::isnan(tpot) || tpot <= t.tpot_target_ms);
+    const bool met = slo_met(r, t);
+    const bool can = feasible(r, t);
     if (met) {
       ++t.slo_met;
       ++m.total.slo_met;
       t.goodput_tps += r.completion_tokens;
       m.total.goodput_tps += r.completion_tokens;
     }
+    t.feasible += can;
+    m.total.feasible += can;
+    t.feasible_met += can && met;
+    m.total.feasible_met += can && met;
   }
   const double window = run.measure_to_s - run.measure_from_s;
   for (size_t k = 0; k < m.tiers.size(); ++k) finish(m.tiers[k], x[k], window);
   finish(m.total, all, window);
+  measure_windows(run, m);
+  measure_recovery(run, s, m);
+  const double peak = run.multiple * (s.profile.points.empty() ? 1.0 : s.profile.peak());
+  m.top_tier_load = m.total.offered > 0 ? peak * static_cast<double>(m.tiers.front().offered) / m.total.offered : 0.0;
   return m;
 }
 
@@ -271,6 +381,66 @@ std::vector<bar_check> check_bars(const std::vector<run_result>& runs, const std
     reject.detail = needs3;
   }
   bars.push_back(reject);
+
+  // At 1x, 2x and 3x (those that ran): one bar each for the top tier's windows, late shares,
+  // goodput against the other policies, and recovery after a load drop.
+  bar_check windows{"top tier SLO among feasible >= 99% in every window at 1-3x (tireless; where its own traffic "
+                    "exceeds the capacity: at least priority's SLO)", st::skip, ""};
+  bar_check late{"late share <= 1% in every tier and window at 1-3x (tireless)", st::skip, ""};
+  bar_check beats{"goodput above every other policy's at 1-3x (tireless)", st::skip, ""};
+  bar_check recovery{"every tier back at >= 99% within 30 s of a load drop at 1-3x (tireless)", st::skip, ""};
+  auto record = [](bar_check& b, bool ok, const std::string& detail) {
+    if (b.result != st::fail) b.result = ok ? st::pass : st::fail;
+    b.detail += (b.detail.empty() ? "" : "; ") + detail;
+  };
+  for (double mult : {1.0, 2.0, 3.0}) {
+    size_t it = 0;
+    if (!find_run(runs, admission_policy::tireless, mult, &it)) continue;
+    const run_metrics& m = metrics[it];
+    const tier_metrics& top = m.tiers.front();
+    size_t ip = 0;
+    const run_result* prio = find_run(runs, admission_policy::priority, mult, &ip);
+    if (m.top_tier_load <= 1.0) {
+      record(windows, top.worst_window_slo_feasible >= 0.99 || std::isnan(top.worst_window_slo_feasible),
+             fmt::format("{:g}x worst {} ({} overall)", mult, pct(top.worst_window_slo_feasible), pct(top.slo_feasible)));
+    } else if (prio) {
+      const double theirs = metrics[ip].tiers.front().slo_attainment;
+      record(windows, top.slo_attainment >= theirs,
+             fmt::format("{:g}x {} alone is {:.1f}x the capacity: {} vs priority's {}", mult, top.tier, m.top_tier_load,
+                         pct(top.slo_attainment), pct(theirs)));
+    }
+    double worst_late = 0;
+    std::string worst_tier = "-";
+    for (const tier_metrics& t : m.tiers) {
+      if (!std::isnan(t.worst_window_late) && t.worst_window_late >= worst_late) {
+        worst_late = t.worst_window_late;
+        worst_tier = t.tier;
+      }
+    }
+    record(late, worst_late <= 0.01, fmt::format("{:g}x worst {} ({})", mult, pct(worst_late), worst_tier));
+    double best_other = -1;
+    std::string best_name;
+    for (size_t i = 0; i < runs.size(); ++i) {
+      if (runs[i].policy == admission_policy::tireless || std::abs(runs[i].multiple - mult) > 1e-9) continue;
+      if (metrics[i].total.goodput_tps > best_other) {
+        best_other = metrics[i].total.goodput_tps;
+        best_name = std::string(to_string(runs[i].policy));
+      }
+    }
+    if (best_other >= 0) {
+      record(beats, m.total.goodput_tps > best_other,
+             fmt::format("{:g}x {:.1f} vs {} {:.1f}", mult, m.total.goodput_tps, best_name, best_other));
+    }
+    if (m.drop_s >= 0) {
+      record(recovery, m.recovery_s <= 30.0,
+             fmt::format("{:g}x {}", mult, std::isnan(m.recovery_s) ? std::string("not within the run")
+                                                                     : fmt::format("{:.0f} s", m.recovery_s)));
+    }
+  }
+  for (bar_check* b : {&windows, &late, &beats, &recovery}) {
+    if (b->detail.empty()) b->detail = "needs tireless runs at 1x, 2x or 3x (and other policies, a load drop)";
+    bars.push_back(*b);
+  }
 
   int64_t lost = 0, shortened = 0, requests = 0;
   std::string where_lost, where_short;
@@ -315,7 +485,25 @@ std::string run_table(const run_result& run, const run_metrics& m, const scenari
                         t.completed > 0 ? pct(static_cast<double>(t.late) / t.completed) : std::string("-"),
                         t.rejected_after_admission);
   }
-  out += fmt::format("  late (first token after 2x the target, of completions): {}\n", late);
+  out += fmt::format("  late (first token after 2x the target, or 2x its own idle prefill if longer; of completions): {}\n",
+                     late);
+  std::string feasible, worst;
+  for (const tier_metrics& t : m.tiers) {
+    feasible += fmt::format("{}{} {} ({} of {})", feasible.empty() ? "" : ", ", t.tier, pct(t.slo_feasible), t.feasible_met,
+                            t.feasible);
+    worst += fmt::format("{}{} {} / {}", worst.empty() ? "" : ", ", t.tier, pct(t.worst_window_slo_feasible),
+                         pct(t.worst_window_late));
+  }
+  out += fmt::format("  SLO among feasible requests (could meet the TTFT target on an idle engine): {}\n", feasible);
+  out += fmt::format("  worst {:g}-s window of {}: SLO among feasible / late share: {}\n", m.window_s, m.windows.size(), worst);
+  if (m.drop_s >= 0) {
+    out += std::isnan(m.recovery_s)
+               ? fmt::format("  recovery: the load drops to the capacity at {:.0f} s; some tier stays below 99% to the end\n",
+                             m.drop_s)
+               : fmt::format("  recovery: the load drops to the capacity at {:.0f} s; every tier is at >= 99% (feasible, "
+                             "{:g}-s windows) {:.0f} s later\n",
+                             m.drop_s, run_metrics::recovery_step_s, m.recovery_s);
+  }
   return out;
 }
 
@@ -324,8 +512,9 @@ std::string comparison_table(const std::vector<run_result>& runs, const std::vec
   std::string head = fmt::format("  {:>5} {:<9} {:>9} {:>7} {:>7} {:>7} {:>5}", "load", "policy", "offered/s", "compl",
                                  "degr", "rej", "lost");
   for (int32_t i = 0; i < s.tier_count(); ++i) head += fmt::format(" {:>9}", "SLO " + s.tier(i).name.substr(0, 5));
-  head += fmt::format(" {:>9} {:>9} {:>10} {:>10}\n", "SLO all", "goodput", "TTFT99 " + s.tier(0).name.substr(0, 3),
-                      "reject p99");
+  head += fmt::format(" {:>9} {:>9} {:>10} {:>10} {:>9} {:>9} {:>8} {:>8}\n", "SLO all", "goodput",
+                      "TTFT99 " + s.tier(0).name.substr(0, 3), "reject p99", "feas " + s.tier(0).name.substr(0, 4),
+                      "worst min", "late max", "recovery");
   std::string out = "comparison (measured windows; goodput in completion tokens/s; times in ms)\n" + head;
   for (size_t i = 0; i < runs.size(); ++i) {
     const tier_metrics& t = metrics[i].total;
@@ -333,8 +522,14 @@ std::string comparison_table(const std::vector<run_result>& runs, const std::vec
     out += fmt::format("  {:>4g}x {:<9} {:>9.3g} {:>7} {:>7} {:>7} {:>5}", runs[i].multiple, to_string(runs[i].policy),
                        runs[i].rate_rps, share(t.completed), share(t.degraded), share(t.rejected), metrics[i].lost);
     for (const tier_metrics& m : metrics[i].tiers) out += fmt::format(" {:>9}", pct(m.slo_attainment));
-    out += fmt::format(" {:>9} {:>9} {:>10} {:>10}\n", pct(t.slo_attainment), num(t.goodput_tps, "{:.1f}"),
-                       num(metrics[i].tiers.front().ttft_p99), num(t.reject_p99, "{:.1f}"));
+    const run_metrics& rm = metrics[i];
+    double late_max = 0;
+    for (const tier_metrics& m : rm.tiers) late_max = std::max(late_max, std::isnan(m.worst_window_late) ? 0.0 : m.worst_window_late);
+    out += fmt::format(" {:>9} {:>9} {:>10} {:>10} {:>9} {:>9} {:>8} {:>8}\n", pct(t.slo_attainment),
+                       num(t.goodput_tps, "{:.1f}"), num(rm.tiers.front().ttft_p99), num(t.reject_p99, "{:.1f}"),
+                       pct(rm.tiers.front().slo_feasible), pct(rm.tiers.front().worst_window_slo_feasible), pct(late_max),
+                       rm.drop_s < 0 ? std::string("-") : std::isnan(rm.recovery_s) ? std::string("never")
+                                                                                      : fmt::format("{:.0f} s", rm.recovery_s));
   }
   return out;
 }
@@ -377,6 +572,21 @@ nlohmann::json to_json(const scenario& s, const std::string& target, const capac
                           {"silently_shortened", metrics[i].silently_shortened},
                           {"target_broken", r.target_broken}, {"tiers", per_tier},
                           {"total", metrics_json(metrics[i].total)}, {"samples", samples_json(r, s)}};
+    nlohmann::json windows = nlohmann::json::array();
+    for (const window_metrics& w : metrics[i].windows) {
+      nlohmann::json per = nlohmann::json::object();
+      for (size_t k = 0; k < w.tiers.size(); ++k) {
+        const auto& c = w.tiers[k];
+        per[s.tier(static_cast<int32_t>(k)).name] = {{"offered", c.offered}, {"slo_met", c.met}, {"feasible", c.feasible},
+                                                     {"feasible_met", c.feasible_met}, {"completed", c.completed},
+                                                     {"late", c.late}};
+      }
+      windows.push_back({{"from_s", w.from_s}, {"to_s", w.to_s}, {"tiers", per}});
+    }
+    run["windows"] = std::move(windows);
+    run["load_drop_s"] = metrics[i].drop_s < 0 ? nlohmann::json(nullptr) : nlohmann::json(metrics[i].drop_s);
+    run["recovery_s"] = metrics[i].recovery_s;
+    run["top_tier_load"] = metrics[i].top_tier_load;
     if (with_requests) run["request_samples"] = requests_json(r, s);
     out_runs.push_back(std::move(run));
   }

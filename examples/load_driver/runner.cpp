@@ -135,7 +135,10 @@ run_result run_open_loop(target& t, const scenario& s, admission_policy policy, 
   auto st = std::make_shared<run_state>();
   st->in_system.assign(static_cast<size_t>(s.tier_count()), 0);
   st->records.resize(plan.size());
-  for (size_t i = 0; i < plan.size(); ++i) st->records[i].plan = plan[i];
+  for (size_t i = 0; i < plan.size(); ++i) {
+    st->records[i].plan = plan[i];
+    st->records[i].idle_ttft_s = t.idle_first_token_s(plan[i].prompt_tokens);
+  }
 
   auto session = t.open(policy, s.lift_quotas, out.label);
   const double horizon = out.measure_to_s, drain_until = horizon + s.drain_seconds();

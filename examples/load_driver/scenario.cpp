@@ -462,7 +462,8 @@ std::vector<admission_policy> parse_policies(const std::vector<std::string>& nam
     if (n == "fcfs") out.push_back(admission_policy::fcfs);
     else if (n == "priority") out.push_back(admission_policy::priority);
     else if (n == "tireless") out.push_back(admission_policy::tireless);
-    else throw std::invalid_argument(fmt::format("\"{}\" is not a policy: use fcfs, priority or tireless", n));
+    else if (n == "least-slack") out.push_back(admission_policy::least_slack);
+    else throw std::invalid_argument(fmt::format("\"{}\" is not a policy: use fcfs, priority, tireless or least-slack", n));
   }
   return out;
 }

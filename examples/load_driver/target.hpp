@@ -48,6 +48,10 @@ class target {
   // Whether open() can change the policy (not for a server that was already running).
   virtual bool switches_policy() const { return true; }
   virtual std::string describe() const = 0;
+  // Seconds to the first token of a prompt of this many tokens on an idle engine (its whole
+  // prefill, in steps of engine.max_step_tokens, by the target's own cost model); NaN when the
+  // target has none. Longer than its tier's TTFT target: the request is infeasible.
+  virtual double idle_first_token_s(int32_t prompt_tokens) const;
 };
 
 std::unique_ptr<target> make_virtual_target(const scenario& s);

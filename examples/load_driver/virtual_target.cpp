@@ -2,8 +2,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "actors/virtual_runtime.hpp"
+#include "gpu/sim/sim_profile.hpp"
 #include "target.hpp"
 
 namespace tireless::load {
@@ -52,7 +54,22 @@ class virtual_session final : public target_session {
 
 class virtual_target final : public target {
  public:
-  explicit virtual_target(const scenario& s) : s_(s) {}
+  explicit virtual_target(const scenario& s) : s_(s), cost_(sim::named_profile(s.config.backend.sim_profile).cost) {}
+
+  double idle_first_token_s(int32_t prompt_tokens) const override {
+    // The steps of the prompt's prefill alone: chunks of max_step_tokens, each attending the
+    // positions before it; the last one samples the first token.
+    const int64_t chunk = std::max(s_.config.engine.max_step_tokens, 1);
+    double seconds = 0;
+    for (int64_t at = 0; at < prompt_tokens; at += chunk) {
+      const int64_t n = std::min<int64_t>(chunk, prompt_tokens - at);
+      sim::step_shape shape;
+      shape.prefill_tokens = n;
+      shape.prefill_context = n * at + n * (n + 1) / 2;  // sum over its tokens of pos + 1
+      seconds += cost_.seconds(shape);
+    }
+    return seconds;
+  }
 
   std::unique_ptr<target_session> open(admission_policy policy, bool lift_quotas, const std::string&) override {
     return std::make_unique<virtual_session>(run_config(s_, policy, lift_quotas));
@@ -64,9 +81,12 @@ class virtual_target final : public target {
 
  private:
   const scenario& s_;
+  sim::step_cost cost_;
 };
 
 }  // namespace
+
+double target::idle_first_token_s(int32_t) const { return std::numeric_limits<double>::quiet_NaN(); }
 
 std::unique_ptr<target> make_virtual_target(const scenario& s) { return std::make_unique<virtual_target>(s); }
 

@@ -142,6 +142,51 @@ TEST(batch_scheduler, within_a_tier_prefill_goes_by_earliest_deadline_and_severa
   EXPECT_LE(s.token_times(3)[0] - start, 500'000'000);
 }
 
+TEST(batch_scheduler, the_least_slack_peer_prefills_the_prompt_with_the_least_time_to_spare_first) {
+  // Request 1's deadline is the earliest, but request 2 has less slack: ~0.9 s of prefill due
+  // in 1 s, against request 1's 30 ms in 500 ms. Earliest deadline first picks 1, least slack 2.
+  for (const bool least_slack : {false, true}) {
+    stepper s({.max_step_tokens = 4096, .max_step_seqs = 32, .least_slack = least_slack});
+    s.add(1, 0, 300, 4, 500);
+    s.add(2, 0, 9000, 4, 1000);
+    const auto step = s.run(fifty_ms_steps());
+    if (least_slack) {
+      EXPECT_EQ(step.count(1), 0u) << "least slack: the whole step's prefill goes to request 2";
+      EXPECT_GT(step.count(2) ? step.at(2) : 0, 400);
+    } else {
+      EXPECT_EQ(step.count(1) ? step.at(1) : 0, 300) << "earliest deadline: request 1's prompt goes first, whole";
+    }
+  }
+}
+
+TEST(batch_scheduler, a_step_stretches_within_its_decodes_slack_when_a_prompt_would_miss_its_deadline) {
+  // ~385 ms of prefill due in 400 ms: at a 50 ms budget's pace (~450 tokens a step) it takes 9
+  // steps, 450 ms. With no decode to wait for, the step runs up to max_step_stretch budgets.
+  {
+    stepper s({.max_step_tokens = 4096, .max_step_seqs = 32});
+    s.add(1, 2, 3800, 4, 400);
+    const auto step = s.run(fifty_ms_steps());
+    EXPECT_GT(step.at(1), 1000) << "the step kept its budget while the prompt would miss its deadline";
+  }
+  // A decode whose next token is due within the budget keeps the step at it.
+  {
+    stepper s({.max_step_tokens = 4096, .max_step_seqs = 32});
+    s.add(2, 2, 10, 1000, 400, 50);
+    s.run(fifty_ms_steps());
+    ASSERT_EQ(s.token_times(2).size(), 1u);
+    s.add(1, 2, 3800, 4, 400);
+    const auto step = s.run(fifty_ms_steps());
+    EXPECT_EQ(step.count(2), 1u);
+    EXPECT_LE(step.count(1) ? step.at(1) : 0, 450) << "the step stretched past a decode's deadline";
+  }
+  // A prompt that meets its deadline at the budget's pace: no stretch.
+  {
+    stepper s({.max_step_tokens = 4096, .max_step_seqs = 32});
+    s.add(1, 2, 3800, 4, 2000);
+    EXPECT_LE(s.run(fifty_ms_steps()).at(1), 450);
+  }
+}
+
 TEST(batch_scheduler, without_deadlines_a_tier_keeps_arrival_order) {
   stepper s({.max_step_tokens = 256, .max_step_seqs = 32});
   s.add(1, 2, 2000, 4);
