@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 
@@ -99,6 +100,7 @@ window_metrics count_window(const run_result& run, const run_metrics& m, double 
     window_metrics::tier_counts& c = w.tiers[static_cast<size_t>(r.plan.tier)];
     const bool met = slo_met(r, t), can = feasible(r, t);
     ++c.offered;
+    c.tokens += r.plan.prompt_tokens + r.plan.max_tokens;
     c.met += met;
     c.feasible += can;
     c.feasible_met += can && met;
@@ -339,8 +341,18 @@ run_metrics measure(const run_result& run, const scenario& s) {
   finish(m.total, all, window);
   measure_windows(run, m);
   measure_recovery(run, s, m);
-  const double peak = run.multiple * (s.profile.points.empty() ? 1.0 : s.profile.peak());
-  m.top_tier_load = m.total.offered > 0 ? peak * static_cast<double>(m.tiers.front().offered) / m.total.offered : 0.0;
+  int64_t tokens = 0, requests = 0;
+  for (const window_metrics& w : m.windows) {
+    for (const auto& c : w.tiers) {
+      tokens += c.tokens;
+      requests += c.offered;
+    }
+  }
+  const double capacity_tokens_per_s = requests > 0 ? run.rate_rps / run.multiple * static_cast<double>(tokens) / requests : 0;
+  for (const window_metrics& w : m.windows) {
+    const double top = static_cast<double>(w.tiers.front().tokens) / std::max(w.to_s - w.from_s, 1e-9);
+    if (capacity_tokens_per_s > 0) m.top_tier_load = std::max(m.top_tier_load, top / capacity_tokens_per_s);
+  }
   return m;
 }
 
@@ -495,6 +507,21 @@ std::string run_table(const run_result& run, const run_metrics& m, const scenari
                          pct(t.worst_window_late));
   }
   out += fmt::format("  SLO among feasible requests (could meet the TTFT target on an idle engine): {}\n", feasible);
+  // Fair shares inside a tier: each tenant key's SLO and refusals.
+  std::map<std::pair<int32_t, std::string>, std::array<int64_t, 3>> by_tenant;  // offered, met, rejected
+  for (const request_record& r : run.records) {
+    if (r.plan.arrival_s < run.measure_from_s || r.plan.arrival_s >= run.measure_to_s) continue;
+    auto& c = by_tenant[{r.plan.tier, r.plan.tenant_key ? *r.plan.tenant_key : std::string("-")}];
+    ++c[0];
+    c[1] += slo_met(r, m.tiers[static_cast<size_t>(r.plan.tier)]);
+    c[2] += r.done() && r.kind == outcome_kind::rejected;
+  }
+  std::string tenants;
+  for (const auto& [key, c] : by_tenant) {
+    tenants += fmt::format("{}{} {} SLO {} ({} refused of {})", tenants.empty() ? "" : ", ", s.tier(key.first).name, key.second,
+                           pct(ratio(c[1], c[0])), c[2], c[0]);
+  }
+  out += fmt::format("  by tenant: {}\n", tenants);
   out += fmt::format("  worst {:g}-s window of {}: SLO among feasible / late share: {}\n", m.window_s, m.windows.size(), worst);
   if (m.drop_s >= 0) {
     out += std::isnan(m.recovery_s)

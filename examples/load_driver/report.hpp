@@ -46,6 +46,7 @@ struct window_metrics {
   double from_s = 0, to_s = 0;
   struct tier_counts {
     int64_t offered = 0, met = 0, feasible = 0, feasible_met = 0, completed = 0, late = 0;
+    int64_t tokens = 0;  // prompt + max_tokens asked
   };
   std::vector<tier_counts> tiers;  // config order
 };
@@ -61,8 +62,9 @@ struct run_metrics {
   // of recovery_step_s up to the run's end (NaN: never within the run). drop_s < 0: no drop.
   double drop_s = -1, recovery_s = std::numeric_limits<double>::quiet_NaN();
   static constexpr double recovery_step_s = 10;
-  // The top tier's share of the offered requests times the peak load: above 1, its own
-  // traffic exceeds the capacity (by request count) and its bars do not apply.
+  // The top tier's own load in its busiest window, as a share of the capacity in tokens (the
+  // capacity's requests/s times the run's mean prompt + max_tokens a request): above 1, its
+  // own traffic exceeds the capacity there and its window bar does not apply.
   double top_tier_load = 0;
 };
 
