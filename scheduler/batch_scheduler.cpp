@@ -93,7 +93,7 @@ int64_t batch_scheduler::sequence::next_token_due() const {
 std::vector<size_t> batch_scheduler::prefill_order(const std::vector<const sequence*>& order,
                                                    const std::vector<size_t>& placed, size_t first, size_t last,
                                                    const step_time_budget& time, int64_t now) const {
-  // Earliest deadline first, late ones first of all (admission keeps a tier's load within
+  // Earliest deadline first, late ones first (admission keeps a sheddable tier's load within
   // what its deadlines allow, and refuses what waited too long). Then prompts without a
   // deadline, then the infeasible ones: those whose whole prefill on an idle engine takes
   // longer than their first-token target (they cannot meet it whatever the order; serving
@@ -140,8 +140,8 @@ std::vector<size_t> batch_scheduler::prefill_order(const std::vector<const seque
 }
 
 double batch_scheduler::stretched_seconds(const std::vector<const sequence*>& order, const std::vector<size_t>& placed,
-                                          const std::vector<size_t>& tiers, const step_time_budget& time,
-                                          int64_t now) const {
+                                          const std::vector<size_t>& tiers, const std::vector<std::vector<size_t>>& prefills,
+                                          const step_time_budget& time, int64_t now) const {
   if (time.per_prefill_token <= 0 || placed.empty()) return time.seconds;
   // The decodes that run in the longest step: the first tier's, and a lower tier's whose next
   // token would be late if it yielded (as propose() places them). Their least slack bounds
@@ -156,9 +156,10 @@ double batch_scheduler::stretched_seconds(const std::vector<const sequence*>& or
     decode_seconds += time.per_decode + time.per_context_position * s.computed;
   }
   if (decode_slack <= 0) return time.seconds;
-  // The prompt first in line for prefill: the highest tier's first feasible one with a deadline.
-  for (size_t t = 0; t + 1 < tiers.size(); ++t) {
-    for (size_t i : prefill_order(order, placed, tiers[t], tiers[t + 1], time, now)) {
+  // The prompt first in line for prefill among those with a deadline they can meet on an
+  // idle engine: the highest tier's first, in its prefill order.
+  for (const std::vector<size_t>& tier : prefills) {
+    for (size_t i : tier) {
       const sequence& s = *order[i];
       const int64_t due = s.next_token_due();
       const auto prompt = static_cast<int32_t>(s.tokens.size());
@@ -202,6 +203,9 @@ kv_request batch_scheduler::propose(const step_time_budget& time, int64_t now) {
     if (k == 0 || order[placed[k]]->spec.priority != order[placed[k - 1]]->spec.priority) tiers.push_back(k);
   }
   tiers.push_back(placed.size());
+  // Each tier's prefill candidates in the order its prefill budget goes to them.
+  std::vector<std::vector<size_t>> prefills;
+  for (size_t t = 0; t + 1 < tiers.size(); ++t) prefills.push_back(prefill_order(order, placed, tiers[t], tiers[t + 1], time, now));
   std::vector<int32_t> tokens(order.size(), 0);
   int32_t budget = limits_.max_step_tokens;
   if (time.seconds <= 0) {
@@ -214,7 +218,7 @@ kv_request batch_scheduler::propose(const step_time_budget& time, int64_t now) {
       }
     }
     for (size_t t = 0; t + 1 < tiers.size(); ++t) {
-      for (size_t i : prefill_order(order, placed, tiers[t], tiers[t + 1], time, now)) {
+      for (size_t i : prefills[t]) {
         if (budget <= 0) break;
         const sequence& s = *order[i];
         const int32_t n = std::min(static_cast<int32_t>(s.tokens.size()) - s.computed, budget);
@@ -232,7 +236,7 @@ kv_request batch_scheduler::propose(const step_time_budget& time, int64_t now) {
     // (skipping one only makes that tier's time per token worse), and prefill advances by
     // min_step_prefill_tokens, the progress admission's predictions count on (so a waiting
     // request is never starved by running decodes that fill the step's time).
-    const double seconds = stretched_seconds(order, placed, tiers, time, now);
+    const double seconds = stretched_seconds(order, placed, tiers, prefills, time, now);
     double left = seconds - time.c0;
     int32_t prefill_floor = min_step_prefill_tokens;
     auto decode_cost = [&](const sequence& s) { return time.per_decode + time.per_context_position * s.computed; };
@@ -254,7 +258,7 @@ kv_request batch_scheduler::propose(const step_time_budget& time, int64_t now) {
         --budget;
         left -= cost;
       }
-      for (size_t i : prefill_order(order, placed, tiers[t], tiers[t + 1], time, now)) {
+      for (size_t i : prefills[t]) {
         if (budget <= 0) break;
         const sequence& s = *order[i];
         const int32_t fit = time.per_prefill_token > 0 ? static_cast<int32_t>(left / time.per_prefill_token) : budget;

@@ -149,9 +149,12 @@ class batch_scheduler {
   std::vector<size_t> prefill_order(const std::vector<const sequence*>& order, const std::vector<size_t>& placed,
                                     size_t first, size_t last, const step_time_budget& time, int64_t now) const;
   // This step's seconds: the budget's, or longer (max_step_stretch) within the decodes' slack
-  // when the first prompt of the highest tier that has one would miss its deadline.
+  // when the first prompt in line (of the highest tier, in prefill order) that can meet its
+  // deadline on an idle engine would miss it at the budget's pace.
+  // prefills: each tier's prefill_order().
   double stretched_seconds(const std::vector<const sequence*>& order, const std::vector<size_t>& placed,
-                           const std::vector<size_t>& tiers, const step_time_budget& time, int64_t now) const;
+                           const std::vector<size_t>& tiers, const std::vector<std::vector<size_t>>& prefills,
+                           const step_time_budget& time, int64_t now) const;
 
   scheduler_limits limits_;
   std::map<seq_id, sequence> seqs_;
