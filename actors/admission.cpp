@@ -1,7 +1,6 @@
 #include "actors/admission.hpp"
 
 #include <chrono>
-#include <map>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -9,6 +8,7 @@
 #include "actors/actor_stats.hpp"
 #include "actors/messages.hpp"
 #include "actors/wire.hpp"
+#include "protocol/outcome_wire.hpp"
 #include "scheduler/admission_gate.hpp"
 
 namespace tireless {
@@ -28,9 +28,7 @@ struct admission_state {
   admission_control& control() { return gate->control(); }
   caf::actor engine;
   std::unordered_map<uint64_t, pending> queued;
-  // The engine's waiting room, as of its last credits, and what was sent since.
-  int32_t max_waiting = 0;
-  std::map<int32_t, int64_t> engine_waiting, engine_received, sent;
+  credit_ledger engine_room;  // the engine's waiting room: its last credits, and what was sent since
   bool ticking = false;
   mailbox_stats mailbox{"admission"};
 };
@@ -44,42 +42,22 @@ int64_t now_ns(caf::local_actor* self) {
 void reject(self_ptr self, const caf::actor& session, uint64_t id, refusal why, const std::string& message,
             int64_t retry_after_ms) {
   outcome_msg m(64);
-  auto b = m.init();
-  b.setRequestId(id);
-  auto r = b.initRejected();
-  r.setReason(to_wire(why));
-  r.setMessage(message);
-  r.setRetryAfterMs(retry_after_ms);
+  to_wire(rejected_outcome(id, to_wire(why), message, retry_after_ms), m.init());
   self->send(session, std::move(m));
-}
-
-// Whether the engine has room for one more request of this priority: the requests waiting
-// there or on their way, of this priority and above, are fewer than its waiting room.
-bool room_for(const admission_state& st, int32_t priority) {
-  int64_t ahead = 0;
-  for (const auto& [p, n] : st.engine_waiting) {
-    if (p >= priority) ahead += n;
-  }
-  for (const auto& [p, n] : st.sent) {
-    if (p < priority) continue;
-    auto r = st.engine_received.find(p);
-    ahead += n - (r == st.engine_received.end() ? 0 : r->second);
-  }
-  return ahead < st.max_waiting;
 }
 
 void release(self_ptr self) {
   auto& st = self->state;
   if (!st.engine) return;
   while (auto q = st.control().peek_priority()) {
-    if (!room_for(st, *q)) return;
+    if (!st.engine_room.has_credit(*q)) return;
     auto next = st.control().next(now_ns(self));
     auto it = st.queued.find(next->id);
     if (it == st.queued.end()) continue;
     const int32_t priority = it->second.request.get().getTierPriority();
     self->send(st.engine, generate_atom::value, std::move(it->second.request), std::move(it->second.session));
     st.queued.erase(it);
-    ++st.sent[priority];
+    st.engine_room.sent(priority);
   }
 }
 
@@ -155,31 +133,13 @@ caf::behavior admission(self_ptr self, std::shared_ptr<admission_gate> gate) {
         auto lock = self->state.gate->lock();
         self->state.control().finished(id, used_tokens, now_ns(self));
       },
-      [=](const credits_msg& m, int64_t engine_received) {
+      [=](const credits_msg& m) {
         note_mailbox(self->state.mailbox, self->mailbox().size());
         auto& st = self->state;
-        const auto c = m.get();
-        (void)engine_received;
-        st.max_waiting = c.getMaxWaiting();
-        st.engine_waiting.clear();
-        for (auto w : c.getWaitingByPriority()) st.engine_waiting[w.getPriority()] = w.getCount();
-        for (auto r : c.getReceivedByPriority()) st.engine_received[r.getPriority()] = r.getCount();
-        engine_load load;
-        const auto model = c.getStepModel();
-        for (unsigned i = 0; i < model.size() && i < load.step_model.size(); ++i) load.step_model[i] = model[i];
-        load.step_observations = c.getStepObservations();
-        load.max_step_tokens = c.getMaxStepTokens();
-        load.max_step_seqs = c.getMaxStepSeqs();
-        load.running = c.getRunning();
-        load.waiting = c.getWaiting();
-        load.waiting_prompt_tokens = c.getWaitingPromptTokens();
-        for (auto w : c.getWaitingByPriority()) {
-          load.waiting_by_priority.push_back({w.getPriority(), static_cast<int32_t>(w.getCount()), w.getPromptTokens()});
-        }
-        load.decode_context = c.getRunningContext();
-        load.finished_per_second = c.getFinishedPerSecond();
+        const engine_credits c = from_wire(m.get());
+        st.engine_room.update(c);
         auto lock = st.gate->lock();
-        st.control().observe(load);
+        st.control().observe(c.load);
         release(self);
       },
       [=](tick_atom) {
@@ -210,14 +170,9 @@ caf::behavior admission(self_ptr self, std::shared_ptr<admission_gate> gate) {
       },
       [=](stats_atom) {
         note_mailbox(self->state.mailbox, self->mailbox().size());
-        std::vector<std::string> names;
-        std::vector<int32_t> depths;
         auto lock = self->state.gate->lock();
-        for (const auto& [name, n] : self->state.control().queued_by_tier()) {
-          names.push_back(name);
-          depths.push_back(n);
-        }
-        return caf::make_message(self->state.control().queued(), self->state.mailbox.max_mailbox, names, depths);
+        return admission_stats{self->state.control().queued(), self->state.mailbox.max_mailbox,
+                               self->state.control().queued_by_tier()};
       },
   };
 }

@@ -8,9 +8,21 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "config/runtime_config.hpp"
+
+namespace tireless {
+
+// What admission answers to stats_atom.
+struct admission_stats {
+  int32_t queued = 0;
+  int64_t max_mailbox = 0;
+  std::vector<std::pair<std::string, int32_t>> queued_by_tier;  // highest priority first
+};
+
+}  // namespace tireless
 
 namespace tireless {
 
@@ -27,9 +39,9 @@ struct admission_options {
 //   (generate_atom, generate_msg, session actor)  refuse (outcome to the session) or queue
 //   (cancel_atom, uint64_t request_id)           drop a queued request, or pass the cancel on
 //   (finished_atom, uint64_t request_id, int32_t used_tokens)  from the engine: it ended
-//   (credits_msg, int64_t engine_received)       from the engine
+//   credits_msg                                   from the engine (engine_credits)
 //   (attach_atom, engine actor)                  where to release requests
-//   stats_atom → (queued, max mailbox, tier names, queued per tier)
+//   stats_atom → admission_stats
 // Its decisions live in an admission_gate, shared with the intake so that a request the
 // policy refuses can be refused on the thread it arrived on (scheduler/admission_gate.hpp).
 std::shared_ptr<admission_gate> make_admission_gate(const admission_options& options);

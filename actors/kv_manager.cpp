@@ -27,10 +27,8 @@ caf::behavior kv_manager(caf::stateful_actor<kv_state>* self, kv_manager_options
       },
       [=](stats_atom) {
         note_mailbox(self->state.mailbox, self->mailbox().size());
-        const block_stats s = self->state.blocks->stats();
         if (self->state.check) self->state.blocks->check_invariants();
-        return caf::make_message(s.total, s.free, s.cached_free, s.used, s.prefix_hit_blocks,
-                                 s.prefix_miss_blocks, s.evictions, self->state.mailbox.max_mailbox);
+        return kv_stats{self->state.blocks->stats(), self->state.mailbox.max_mailbox};
       },
   };
 }

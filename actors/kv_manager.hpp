@@ -8,13 +8,23 @@
 
 namespace tireless {
 
+// What the kv_manager answers to stats_atom.
+struct kv_stats {
+  block_stats blocks;
+  int64_t max_mailbox = 0;
+};
+
+}  // namespace tireless
+
+namespace tireless {
+
 struct kv_manager_options {
   block_manager_config blocks;
   bool check_invariants = false;  // after every request (tests)
 };
 
 //   kv_request_msg → kv_reply_msg
-//   stats_atom → block_stats fields (total, free, cached_free, used, hits, misses, evictions), max mailbox
+//   stats_atom → kv_stats
 caf::actor spawn_kv_manager(caf::actor_system& sys, kv_manager_options options);
 
 }  // namespace tireless

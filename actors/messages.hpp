@@ -4,10 +4,15 @@
 
 #include <caf/all.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "protocol/common.capnp.h"
 #include "protocol/owned.hpp"
 #include "protocol/runtime.capnp.h"
+#include "actors/admission.hpp"
+#include "actors/kv_manager.hpp"
+#include "scheduler/engine_core.hpp"
 
 namespace tireless {
 
@@ -21,15 +26,6 @@ using step_request_msg = owned<proto::StepRequest>;
 using step_reply_msg = owned<proto::StepReply>;
 using expert_request_msg = owned<proto::ExpertRequest>;
 using expert_reply_msg = owned<proto::ExpertReply>;
-
-// What the engine answers to stats_atom.
-struct engine_stats {
-  int32_t running = 0, waiting = 0;
-  int64_t steps = 0, max_mailbox = 0;
-  // Why the engine cannot serve at all ("" while it can): its model shard is gone for good.
-  std::string backend_problem;
-  int64_t late_refusals = 0;  // admitted requests refused unstarted past their start bound
-};
 
 // Atoms (at most 10 characters).
 using generate_atom = caf::atom_constant<caf::atom("generate")>;
@@ -47,6 +43,8 @@ using finished_atom = caf::atom_constant<caf::atom("finished")>;
 }  // namespace tireless
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tireless::engine_stats)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tireless::admission_stats)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tireless::kv_stats)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tireless::generate_msg)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tireless::tokens_msg)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tireless::outcome_msg)

@@ -46,7 +46,6 @@ pipeline_options make_pipeline_options(const runtime_config& c, const resolved_l
   eo.limits.block_size = geo.block_size;
   eo.limits.least_slack = c.admission.policy == admission_policy::least_slack;
   eo.max_waiting = c.engine.max_step_seqs;
-  eo.max_waiting_tokens = 2 * c.engine.max_step_tokens;
   eo.rate_window_seconds = std::chrono::duration<double>(c.admission.pressure_window).count();
   eo.step_time_target_seconds = std::chrono::duration<double>(c.step_time_target()).count();
   return po;
@@ -60,6 +59,32 @@ int64_t door_capacity(const runtime_config& c, const pipeline_options& o) {
   int64_t queued = 0;
   for (const tier_settings& t : c.tiers) queued += t.queue_bound;
   return queued + o.engine.max_waiting + o.kv.blocks.n_blocks;
+}
+
+void add_to(runtime_stats& s, const engine_stats& e) {
+  s.running = e.running;
+  s.waiting_in_engine = e.waiting;
+  s.steps = e.steps;
+  s.max_mailbox_engine = e.max_mailbox;
+  s.backend_problem = e.backend_problem;
+  s.late_refusals = e.late_refusals;
+}
+
+void add_to(runtime_stats& s, const admission_stats& a) {
+  s.queued_in_admission = a.queued;
+  s.max_mailbox_admission = a.max_mailbox;
+  s.queued_by_tier = a.queued_by_tier;
+}
+
+void add_to(runtime_stats& s, const kv_stats& k) {
+  s.kv_blocks_total = k.blocks.total;
+  s.kv_blocks_free = k.blocks.free;
+  s.kv_blocks_cached_free = k.blocks.cached_free;
+  s.kv_blocks_used = k.blocks.used;
+  s.prefix_hit_blocks = k.blocks.prefix_hit_blocks;
+  s.prefix_miss_blocks = k.blocks.prefix_miss_blocks;
+  s.evictions = k.blocks.evictions;
+  s.max_mailbox_kv_manager = k.max_mailbox;
 }
 
 void stop_pipeline(const pipeline& p) {

@@ -14,6 +14,7 @@
 #include "actors/shard.hpp"
 #include "config/resolved_limits.hpp"
 #include "config/runtime_config.hpp"
+#include "tireless/runtime.hpp"
 
 namespace tireless {
 
@@ -40,6 +41,11 @@ pipeline_options make_pipeline_options(const runtime_config& config, const resol
 // How many requests may be inside the runtime at once (see request_door): every queue full,
 // the engine's waiting room, and one running sequence per KV block at most.
 int64_t door_capacity(const runtime_config& config, const pipeline_options& options);
+
+// The runtime_stats fields each actor's stats answer gives (runtime and virtual runtime).
+void add_to(runtime_stats& s, const engine_stats& e);
+void add_to(runtime_stats& s, const admission_stats& a);
+void add_to(runtime_stats& s, const kv_stats& k);
 
 // Stops the pipeline's actors (sessions end on their own).
 void stop_pipeline(const pipeline& p);

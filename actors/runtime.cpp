@@ -157,29 +157,12 @@ void runtime::stats_async(std::function<void(const runtime_stats&)> done) {
     };
     self->request(actors.engine, timeout, stats_atom::value)
         .then([=](const engine_stats& e) {
-          s->running = e.running;
-          s->waiting_in_engine = e.waiting;
-          s->steps = e.steps;
-          s->max_mailbox_engine = e.max_mailbox;
-          s->backend_problem = e.backend_problem;
-          s->late_refusals = e.late_refusals;
-          self->request(actors.admission, timeout, stats_atom::value).then([=](int32_t queued, int64_t mailbox,
-                                                                                const std::vector<std::string>& names,
-                                                                                const std::vector<int32_t>& depths) {
-            s->queued_in_admission = queued;
-            s->max_mailbox_admission = mailbox;
-            for (size_t i = 0; i < names.size() && i < depths.size(); ++i) s->queued_by_tier.emplace_back(names[i], depths[i]);
+          add_to(*s, e);
+          self->request(actors.admission, timeout, stats_atom::value).then([=](const admission_stats& a) {
+            add_to(*s, a);
             self->request(actors.kv, timeout, stats_atom::value)
-                .then([=](int32_t total, int32_t free, int32_t cached_free, int32_t used, int64_t hits, int64_t misses,
-                          int64_t evictions, int64_t mailbox) {
-                  s->kv_blocks_total = total;
-                  s->kv_blocks_free = free;
-                  s->kv_blocks_cached_free = cached_free;
-                  s->kv_blocks_used = used;
-                  s->prefix_hit_blocks = hits;
-                  s->prefix_miss_blocks = misses;
-                  s->evictions = evictions;
-                  s->max_mailbox_kv_manager = mailbox;
+                .then([=](const kv_stats& k) {
+                  add_to(*s, k);
                   self->request(actors.shard, timeout, stats_atom::value).then([=](int restarts) {
                     s->shard_restarts = restarts;
                     finish();

@@ -8,7 +8,7 @@
 #include "actors/wire.hpp"
 #include "model/model.hpp"
 #include "model/text_stopper.hpp"
-#include "protocol/reason_names.hpp"
+#include "protocol/outcome_wire.hpp"
 
 namespace tireless {
 
@@ -130,35 +130,19 @@ void on_tokens(self_ptr self, const tokens_msg& msg) {
   }
 }
 
+// The engine's or admission's outcome, with what the session saw itself: the text, the tokens
+// and the times on its clock.
 void on_outcome(self_ptr self, const outcome_msg& msg) {
   auto& st = self->state;
-  const auto r = msg.get();
-  outcome o;
-  switch (r.which()) {
-    case proto::Outcome::COMPLETED: {
-      if (st.stopper) st.text += st.stopper->finish();
-      o = base_outcome(self, outcome_kind::completed, std::string(proto::reason_name(r.getCompleted().getReason())));
-      break;
-    }
-    case proto::Outcome::REJECTED:
-      o = base_outcome(self, outcome_kind::rejected, std::string(proto::reason_name(r.getRejected().getReason())),
-                       r.getRejected().getMessage());
-      o.retry_after_ms = r.getRejected().getRetryAfterMs();
-      break;
-    case proto::Outcome::CANCELLED:
-      o = base_outcome(self, outcome_kind::cancelled, std::string(proto::reason_name(r.getCancelled().getReason())));
-      break;
-    case proto::Outcome::FAILED:
-      o = base_outcome(self, outcome_kind::failed, "error", r.getFailed().getMessage());
-      break;
-  }
-  for (auto d : r.getDegradations()) o.degradations.emplace_back(d.cStr());
-  if (r.hasUsage()) {
-    o.cached_prompt_tokens = r.getUsage().getCachedPromptTokens();
-    o.preemptions = r.getUsage().getPreemptions();
-    if (r.getUsage().getCompletionTokens() > 0) o.completion_tokens = r.getUsage().getCompletionTokens();
-  }
-  if (r.hasTimings()) o.queued_ms = r.getTimings().getQueuedMs();
+  const outcome from = from_wire(msg.get());
+  if (from.kind == outcome_kind::completed && st.stopper) st.text += st.stopper->finish();
+  outcome o = base_outcome(self, from.kind, from.reason, from.message);
+  o.retry_after_ms = from.retry_after_ms;
+  o.degradations = from.degradations;
+  o.cached_prompt_tokens = from.cached_prompt_tokens;
+  o.preemptions = from.preemptions;
+  if (from.completion_tokens > 0) o.completion_tokens = from.completion_tokens;
+  o.queued_ms = from.queued_ms;
   finish(self, std::move(o), false);
 }
 

@@ -100,31 +100,9 @@ void virtual_runtime::run() {
 runtime_stats virtual_runtime::stats() {
   impl& m = *impl_;
   runtime_stats s;
-  m.ask(m.actors.engine, [&](const engine_stats& e) {
-    s.running = e.running;
-    s.waiting_in_engine = e.waiting;
-    s.steps = e.steps;
-    s.max_mailbox_engine = e.max_mailbox;
-    s.backend_problem = e.backend_problem;
-    s.late_refusals = e.late_refusals;
-  });
-  m.ask(m.actors.admission, [&](int32_t queued, int64_t mailbox, const std::vector<std::string>& names,
-                                 const std::vector<int32_t>& depths) {
-    s.queued_in_admission = queued;
-    s.max_mailbox_admission = mailbox;
-    for (size_t i = 0; i < names.size() && i < depths.size(); ++i) s.queued_by_tier.emplace_back(names[i], depths[i]);
-  });
-  m.ask(m.actors.kv, [&](int32_t total, int32_t free, int32_t cached_free, int32_t used, int64_t hits, int64_t misses,
-                          int64_t evictions, int64_t mailbox) {
-    s.kv_blocks_total = total;
-    s.kv_blocks_free = free;
-    s.kv_blocks_cached_free = cached_free;
-    s.kv_blocks_used = used;
-    s.prefix_hit_blocks = hits;
-    s.prefix_miss_blocks = misses;
-    s.evictions = evictions;
-    s.max_mailbox_kv_manager = mailbox;
-  });
+  m.ask(m.actors.engine, [&](const engine_stats& e) { add_to(s, e); });
+  m.ask(m.actors.admission, [&](const admission_stats& a) { add_to(s, a); });
+  m.ask(m.actors.kv, [&](const kv_stats& k) { add_to(s, k); });
   m.ask(m.actors.shard, [&](int restarts) { s.shard_restarts = restarts; });
   const intake_counts c = m.entry->counts();
   s.live_requests = c.live;

@@ -31,6 +31,83 @@ std::vector<T> to_vector(Reader r) {
 
 }  // namespace
 
+owned<proto::Credits> to_wire(const engine_credits& c) {
+  owned<proto::Credits> m(64);
+  auto b = m.init();
+  const engine_load& l = c.load;
+  b.setMaxWaiting(c.max_waiting);
+  auto waiting = b.initWaitingByPriority(static_cast<unsigned>(l.waiting_by_priority.size()));
+  for (unsigned i = 0; i < l.waiting_by_priority.size(); ++i) {
+    waiting[i].setPriority(l.waiting_by_priority[i].priority);
+    waiting[i].setCount(l.waiting_by_priority[i].requests);
+    waiting[i].setPromptTokens(l.waiting_by_priority[i].prompt_tokens);
+  }
+  auto received = b.initReceivedByPriority(static_cast<unsigned>(c.received_by_priority.size()));
+  unsigned i = 0;
+  for (const auto& [priority, n] : c.received_by_priority) {
+    received[i].setPriority(priority);
+    received[i++].setCount(n);
+  }
+  fill(b.initStepModel(static_cast<unsigned>(l.step_model.size())), l.step_model);
+  b.setStepObservations(l.step_observations);
+  b.setMaxStepTokens(l.max_step_tokens);
+  b.setMaxStepSeqs(l.max_step_seqs);
+  b.setRunning(l.running);
+  b.setWaiting(l.waiting);
+  b.setWaitingPromptTokens(l.waiting_prompt_tokens);
+  b.setRunningContext(l.decode_context);
+  b.setFinishedPerSecond(l.finished_per_second);
+  return m;
+}
+
+engine_credits from_wire(proto::Credits::Reader r) {
+  engine_credits c;
+  engine_load& l = c.load;
+  c.max_waiting = r.getMaxWaiting();
+  for (auto w : r.getWaitingByPriority()) {
+    l.waiting_by_priority.push_back({w.getPriority(), static_cast<int32_t>(w.getCount()), w.getPromptTokens()});
+  }
+  for (auto x : r.getReceivedByPriority()) c.received_by_priority[x.getPriority()] = x.getCount();
+  const auto model = r.getStepModel();
+  for (unsigned i = 0; i < model.size() && i < l.step_model.size(); ++i) l.step_model[i] = model[i];
+  l.step_observations = r.getStepObservations();
+  l.max_step_tokens = r.getMaxStepTokens();
+  l.max_step_seqs = r.getMaxStepSeqs();
+  l.running = r.getRunning();
+  l.waiting = r.getWaiting();
+  l.waiting_prompt_tokens = r.getWaitingPromptTokens();
+  l.decode_context = r.getRunningContext();
+  l.finished_per_second = r.getFinishedPerSecond();
+  return c;
+}
+
+owned<proto::TokenChunk> to_wire(seq_id seq, const std::vector<token_id>& tokens, int64_t first_token_ns) {
+  owned<proto::TokenChunk> m(32);
+  auto b = m.init();
+  b.setRequestId(seq);
+  fill(b.initTokens(static_cast<unsigned>(tokens.size())), tokens);
+  if (first_token_ns >= 0) b.setFirstTokenNs(first_token_ns);
+  return m;
+}
+
+std::pair<sequence_spec, std::vector<std::string>> sequence_of(proto::GenerateRequest::Reader r) {
+  sequence_spec spec;
+  spec.id = r.getRequestId();
+  spec.priority = r.getTierPriority();
+  spec.arrival = static_cast<uint64_t>(r.getArrivalNs());
+  spec.prompt = to_vector<token_id>(r.getPrompt());
+  spec.sampling = sampling_of(r.getSampling());
+  spec.max_tokens = r.getMaxTokens();
+  spec.stop_tokens = to_vector<token_id>(r.getStopTokens());
+  spec.token_window = r.getTokenWindow();
+  spec.ttft_target_ns = r.getTtftTargetNs();
+  spec.tpot_target_ns = r.getTpotTargetNs();
+  spec.start_by = r.getStartByNs();
+  std::vector<std::string> degradations;
+  for (auto d : r.getDegradations()) degradations.emplace_back(d.cStr());
+  return {std::move(spec), std::move(degradations)};
+}
+
 owned<proto::KvRequest> to_wire(const kv_request& r) {
   owned<proto::KvRequest> m(256);
   auto b = m.init();

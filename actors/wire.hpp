@@ -3,12 +3,16 @@
 // No CAF here.
 
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu/backend.hpp"
 #include "protocol/owned.hpp"
 #include "protocol/runtime.capnp.h"
 #include "scheduler/admission_control.hpp"
+#include "scheduler/batch_scheduler.hpp"
+#include "scheduler/engine_credits.hpp"
 #include "scheduler/kv_plan.hpp"
 
 namespace tireless {
@@ -19,6 +23,13 @@ owned<proto::KvReply> to_wire(const kv_reply& r);
 kv_reply from_wire(proto::KvReply::Reader r);
 
 proto::Rejection::Reason to_wire(refusal r);
+
+owned<proto::Credits> to_wire(const engine_credits& c);
+engine_credits from_wire(proto::Credits::Reader r);
+
+owned<proto::TokenChunk> to_wire(seq_id seq, const std::vector<token_id>& tokens, int64_t first_token_ns);
+// A released request as the engine's batch scheduler takes it, and its degradations.
+std::pair<sequence_spec, std::vector<std::string>> sequence_of(proto::GenerateRequest::Reader r);
 
 void set_sampling(proto::Sampling::Builder b, const sampling_params& p);
 sampling_params sampling_of(proto::Sampling::Reader r);

@@ -25,6 +25,8 @@
 #include <thread>
 #include <vector>
 
+#include "protocol/outcome_wire.hpp"
+
 #include "protocol/tireless.capnp.h"
 
 namespace {
@@ -59,27 +61,18 @@ struct bench_options {
 // What done() brought.
 struct arrival {
   clock_type::time_point at;
-  const char* kind;      // completed, rejected:overloaded, cancelled, failed
+  std::string kind;      // completed, rejected:overloaded, cancelled, failed
   double server_ms = 0;  // Outcome.timings.totalMs
 };
 
-const char* kind_of(proto::Outcome::Reader o) {
-  switch (o.which()) {
-    case proto::Outcome::COMPLETED: return "completed";
-    case proto::Outcome::REJECTED:
-      switch (o.getRejected().getReason()) {
-        case proto::Rejection::Reason::OVERLOADED: return "rejected:overloaded";
-        case proto::Rejection::Reason::QUOTA_EXCEEDED: return "rejected:quota_exceeded";
-        case proto::Rejection::Reason::UNAUTHENTICATED: return "rejected:unauthenticated";
-        case proto::Rejection::Reason::INVALID: return "rejected:invalid";
-        case proto::Rejection::Reason::PROMPT_TOO_LONG: return "rejected:prompt_too_long";
-        case proto::Rejection::Reason::SHUTTING_DOWN: return "rejected:shutting_down";
-      }
-      return "rejected";
-    case proto::Outcome::CANCELLED: return "cancelled";
-    case proto::Outcome::FAILED: return "failed";
+std::string kind_of(proto::Outcome::Reader o) {
+  const outcome x = from_wire(o);
+  if (x.kind == outcome_kind::rejected) return "rejected:" + x.reason;
+  switch (x.kind) {
+    case outcome_kind::completed: return "completed";
+    case outcome_kind::cancelled: return "cancelled";
+    default: return "failed";
   }
-  return "unknown";
 }
 
 class bench_sink final : public rpc::TokenSink::Server {

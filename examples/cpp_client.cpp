@@ -7,10 +7,12 @@
 #include <capnp/ez-rpc.h>
 #include <capnp/message.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
+#include "protocol/reason_names.hpp"
 #include "protocol/tireless.capnp.h"
 
 namespace {
@@ -50,16 +52,10 @@ class printing_sink final : public rpc::TokenSink::Server {
   kj::Own<kj::PromiseFulfiller<void>> done_;
 };
 
-const char* rejection_name(proto::Rejection::Reason r) {
-  switch (r) {
-    case proto::Rejection::Reason::OVERLOADED: return "overloaded";
-    case proto::Rejection::Reason::QUOTA_EXCEEDED: return "quota exceeded";
-    case proto::Rejection::Reason::UNAUTHENTICATED: return "unauthenticated";
-    case proto::Rejection::Reason::INVALID: return "invalid";
-    case proto::Rejection::Reason::PROMPT_TOO_LONG: return "prompt too long";
-    case proto::Rejection::Reason::SHUTTING_DOWN: return "shutting down";
-  }
-  return "?";
+std::string rejection_name(proto::Rejection::Reason r) {
+  std::string name(proto::reason_name(r));
+  std::replace(name.begin(), name.end(), '_', ' ');
+  return name;
 }
 
 void print_outcome(proto::Outcome::Reader o) {
@@ -67,7 +63,7 @@ void print_outcome(proto::Outcome::Reader o) {
     case proto::Outcome::COMPLETED: std::printf("[completed]\n"); break;
     case proto::Outcome::REJECTED: {
       const auto r = o.getRejected();
-      std::printf("[rejected: %s — %s", rejection_name(r.getReason()), r.getMessage().cStr());
+      std::printf("[rejected: %s — %s", rejection_name(r.getReason()).c_str(), r.getMessage().cStr());
       if (r.getRetryAfterMs() >= 0) std::printf("; retry after %lld ms", static_cast<long long>(r.getRetryAfterMs()));
       std::printf("]\n");
       break;

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "protocol/common.capnp.h"
+#include "tireless/outcome.hpp"
 
 namespace tireless::proto {
 
@@ -16,14 +17,14 @@ using R = Rejection::Reason;
 using X = Cancellation::Reason;
 
 inline constexpr std::pair<C, std::string_view> completion[] = {
-    {C::STOP_TOKEN, "stop_token"}, {C::STOP_STRING, "stop_string"},
-    {C::MAX_TOKENS, "max_tokens"}, {C::CONTEXT_FULL, "context_full"}};
+    {C::STOP_TOKEN, reason::stop_token}, {C::STOP_STRING, reason::stop_string},
+    {C::MAX_TOKENS, reason::max_tokens}, {C::CONTEXT_FULL, reason::context_full}};
 inline constexpr std::pair<R, std::string_view> rejection[] = {
-    {R::OVERLOADED, "overloaded"}, {R::QUOTA_EXCEEDED, "quota_exceeded"},
-    {R::UNAUTHENTICATED, "unauthenticated"}, {R::INVALID, "invalid"},
-    {R::PROMPT_TOO_LONG, "prompt_too_long"}, {R::SHUTTING_DOWN, "shutting_down"}};
+    {R::OVERLOADED, reason::overloaded}, {R::QUOTA_EXCEEDED, reason::quota_exceeded},
+    {R::UNAUTHENTICATED, reason::unauthenticated}, {R::INVALID, reason::invalid},
+    {R::PROMPT_TOO_LONG, reason::prompt_too_long}, {R::SHUTTING_DOWN, reason::shutting_down}};
 inline constexpr std::pair<X, std::string_view> cancellation[] = {
-    {X::CLIENT, "client"}, {X::DEADLINE, "deadline"}, {X::SHUTDOWN, "shutdown"}};
+    {X::CLIENT, reason::client}, {X::DEADLINE, reason::deadline}, {X::SHUTDOWN, reason::shutdown}};
 
 template <class E, size_t N>
 constexpr std::string_view name_in(const std::pair<E, std::string_view> (&table)[N], E value,

@@ -34,29 +34,22 @@ struct TokenChunk {
   firstTokenNs @2 :Int64 = -1;  # set on the chunk that carries the first token
 }
 
-# engine → admission: what the engine can take now, and how fast it drains.
+# engine → admission, the one credit protocol (scheduler/engine_credits.hpp): the waiting room
+# (admission's credit for priority p is maxWaiting less the requests of priority >= p waiting
+# there or sent and not yet received) and the load its time-to-first-token predictions read.
 struct Credits {
-  sequences @0 :Int32;          # new requests the engine will accept now
-  prefillTokens @1 :Int32;      # prompt tokens it will accept now
-  freeBlocks @2 :Int32;
-  totalBlocks @3 :Int32;
-  prefillTokensPerSecond @4 :Float64;
-  decodeTokensPerSecond @5 :Float64;
-  stepSeconds @6 :Float64;      # moving average
+  maxWaiting @0 :Int32;
+  waitingByPriority @1 :List(PriorityCount);   # with their prompt tokens not yet computed
+  receivedByPriority @2 :List(PriorityCount);  # generate messages received, ever
+  stepModel @3 :List(Float64);    # step_time_model coefficients, fitted on the engine's steps
+  stepObservations @4 :Int64;
+  maxStepTokens @5 :Int32;        # prompt tokens a step takes now beside the running decodes
+  maxStepSeqs @6 :Int32;
   running @7 :Int32;
   waiting @8 :Int32;
-  finishedPerSecond @9 :Float64;  # requests the engine completes per second (moving average)
-  stepModel @10 :List(Float64);   # step_time_model coefficients, fitted on the engine's steps
-  stepObservations @11 :Int64;
-  maxStepTokens @12 :Int32;
-  maxStepSeqs @13 :Int32;
-  waitingPromptTokens @14 :Int64; # not yet computed, over the engine's waiting requests
-  runningContext @15 :Float64;    # positions the running sequences hold, summed
-  # The waiting room: at most maxWaiting requests wait in the engine counting only those of a
-  # request's priority and above, so a higher tier always finds room.
-  maxWaiting @16 :Int32;
-  waitingByPriority @17 :List(PriorityCount);
-  receivedByPriority @18 :List(PriorityCount);  # generate messages received, ever
+  waitingPromptTokens @9 :Int64;  # not yet computed, over the engine's waiting requests
+  runningContext @10 :Float64;    # positions the running sequences hold, summed
+  finishedPerSecond @11 :Float64; # requests the engine completes per second (moving average)
 }
 
 struct PriorityCount {

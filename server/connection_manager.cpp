@@ -10,6 +10,7 @@
 
 #include <algorithm>
 
+#include "protocol/outcome_wire.hpp"
 #include "server/read_buffered_stream.hpp"
 
 namespace tireless {
@@ -86,7 +87,7 @@ class refused_generation final : public rpc::Generation::Server {
     return kj::READY_NOW;
   }
   kj::Promise<void> outcome(OutcomeContext context) override {
-    fill_outcome(context.getResults().initOutcome(), o_);
+    to_wire(o_, context.getResults().initOutcome());
     return kj::READY_NOW;
   }
 
@@ -107,7 +108,7 @@ class refusing_service final : public rpc::Inference::Server {
     auto params = context.getParams();
     if (params.hasSink()) {
       auto req = params.getSink().doneRequest();
-      fill_outcome(req.initOutcome(), refusal_);
+      to_wire(refusal_, req.initOutcome());
       tasks_.add(req.send().ignoreResult());
     }
     context.getResults().setGeneration(kj::heap<refused_generation>(refusal_));

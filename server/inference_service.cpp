@@ -6,7 +6,7 @@
 #include <optional>
 #include <thread>
 
-#include "protocol/reason_names.hpp"
+#include "protocol/outcome_wire.hpp"
 
 namespace tireless {
 
@@ -20,32 +20,6 @@ log_errors task_errors;
 
 }  // namespace
 
-void fill_outcome(proto::Outcome::Builder b, const outcome& o) {
-  b.setRequestId(o.request_id);
-  switch (o.kind) {
-    case outcome_kind::completed: b.initCompleted().setReason(proto::completion_reason(o.reason)); break;
-    case outcome_kind::rejected: {
-      auto r = b.initRejected();
-      r.setReason(proto::rejection_reason(o.reason));
-      r.setMessage(o.message);
-      r.setRetryAfterMs(o.retry_after_ms);
-      break;
-    }
-    case outcome_kind::cancelled: b.initCancelled().setReason(proto::cancellation_reason(o.reason)); break;
-    case outcome_kind::failed: b.initFailed().setMessage(o.message.empty() ? o.reason : o.message); break;
-  }
-  auto d = b.initDegradations(static_cast<unsigned>(o.degradations.size()));
-  for (unsigned i = 0; i < o.degradations.size(); ++i) d.set(i, o.degradations[i]);
-  auto u = b.initUsage();
-  u.setPromptTokens(o.prompt_tokens);
-  u.setCompletionTokens(o.completion_tokens);
-  u.setCachedPromptTokens(o.cached_prompt_tokens);
-  u.setPreemptions(o.preemptions);
-  auto t = b.initTimings();
-  t.setQueuedMs(o.queued_ms);
-  t.setTimeToFirstTokenMs(o.time_to_first_token_ms);
-  t.setTotalMs(o.total_ms);
-}
 
 // One generation's delivery to its client, touched only on the loop's thread.
 struct inference_service::generation_state {
@@ -122,7 +96,7 @@ void pump(state_ptr s, runtime& rt, kj::TaskSet& tasks) {
     if (s->final && !s->done_sent) {
       s->done_sent = true;
       auto req = sink->doneRequest();
-      fill_outcome(req.initOutcome(), *s->final);
+      to_wire(*s->final, req.initOutcome());
       tasks.add(req.send().ignoreResult().then([s] { s->delivered(); }, [s](kj::Exception&&) { s->delivered(); }));
     }
   } else if (s->final) {
@@ -180,13 +154,13 @@ class generation_impl final : public rpc::Generation::Server {
   }
   kj::Promise<void> outcome(OutcomeContext context) override {
     if (s_->final) {
-      fill_outcome(context.getResults().initOutcome(), *s_->final);
+      to_wire(*s_->final, context.getResults().initOutcome());
       return kj::READY_NOW;
     }
     auto pf = kj::newPromiseAndFulfiller<void>();
     s_->waiters.push_back(kj::mv(pf.fulfiller));
     auto s = s_;
-    return pf.promise.then([s, context]() mutable { fill_outcome(context.getResults().initOutcome(), *s->final); });
+    return pf.promise.then([s, context]() mutable { to_wire(*s->final, context.getResults().initOutcome()); });
   }
 
  private:

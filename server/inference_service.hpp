@@ -30,9 +30,6 @@ struct service_info {
   int32_t vocab_size = 0;
 };
 
-// Fills a Common.Outcome from the runtime's outcome.
-void fill_outcome(proto::Outcome::Builder b, const outcome& o);
-
 // What one client connection is doing, as its calls tell it (loop thread only).
 struct connection_activity {
   int32_t live = 0;         // its generations whose outcome has not reached it yet

@@ -13,12 +13,14 @@
 #include <kj/async-io.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "protocol/reason_names.hpp"
 #include "protocol/tireless.capnp.h"
 
 namespace {
@@ -64,16 +66,10 @@ class printing_sink final : public rpc::TokenSink::Server {
   kj::Own<kj::PromiseFulfiller<void>> done_;
 };
 
-const char* rejection_name(proto::Rejection::Reason r) {
-  switch (r) {
-    case proto::Rejection::Reason::OVERLOADED: return "overloaded";
-    case proto::Rejection::Reason::QUOTA_EXCEEDED: return "quota exceeded";
-    case proto::Rejection::Reason::UNAUTHENTICATED: return "unauthenticated";
-    case proto::Rejection::Reason::INVALID: return "invalid request";
-    case proto::Rejection::Reason::PROMPT_TOO_LONG: return "prompt too long";
-    case proto::Rejection::Reason::SHUTTING_DOWN: return "shutting down";
-  }
-  return "rejected";
+std::string rejection_name(proto::Rejection::Reason r) {
+  std::string name(proto::reason_name(r));
+  std::replace(name.begin(), name.end(), '_', ' ');
+  return name;
 }
 
 // What a person should know about the outcome, one bracketed line each; none for a plain answer.

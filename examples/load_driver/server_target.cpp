@@ -18,7 +18,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "protocol/reason_names.hpp"
+#include "protocol/outcome_wire.hpp"
 #include "protocol/tireless.capnp.h"
 #include "target.hpp"
 
@@ -28,42 +28,6 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-outcome to_outcome(proto::Outcome::Reader o) {
-  outcome r;
-  r.request_id = o.getRequestId();
-  switch (o.which()) {
-    case proto::Outcome::COMPLETED:
-      r.kind = outcome_kind::completed;
-      r.reason = proto::reason_name(o.getCompleted().getReason());
-      break;
-    case proto::Outcome::REJECTED:
-      r.kind = outcome_kind::rejected;
-      r.reason = proto::reason_name(o.getRejected().getReason());
-      r.message = o.getRejected().getMessage();
-      r.retry_after_ms = o.getRejected().getRetryAfterMs();
-      break;
-    case proto::Outcome::CANCELLED:
-      r.kind = outcome_kind::cancelled;
-      r.reason = proto::reason_name(o.getCancelled().getReason());
-      break;
-    case proto::Outcome::FAILED:
-      r.kind = outcome_kind::failed;
-      r.reason = "error";
-      r.message = o.getFailed().getMessage();
-      break;
-  }
-  for (auto d : o.getDegradations()) r.degradations.emplace_back(d.cStr());
-  const auto u = o.getUsage();
-  r.prompt_tokens = u.getPromptTokens();
-  r.completion_tokens = u.getCompletionTokens();
-  r.cached_prompt_tokens = u.getCachedPromptTokens();
-  r.preemptions = u.getPreemptions();
-  const auto t = o.getTimings();
-  r.queued_ms = t.getQueuedMs();
-  r.time_to_first_token_ms = t.getTimeToFirstTokenMs();
-  r.total_ms = t.getTotalMs();
-  return r;
-}
 
 class sink final : public rpc::TokenSink::Server {
  public:
@@ -72,7 +36,7 @@ class sink final : public rpc::TokenSink::Server {
  protected:
   kj::Promise<void> tokens(TokensContext) override { return kj::READY_NOW; }
   kj::Promise<void> done(DoneContext context) override {
-    if (done_) std::exchange(done_, nullptr)(to_outcome(context.getParams().getOutcome()));
+    if (done_) std::exchange(done_, nullptr)(from_wire(context.getParams().getOutcome()));
     return kj::READY_NOW;
   }
 

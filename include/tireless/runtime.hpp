@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "config/runtime_config.hpp"
+#include "tireless/outcome.hpp"
 
 namespace tireless {
 
@@ -49,23 +50,6 @@ struct request {
   // With a window: false, a token counts as taken once on_token returns; true, only when the
   // host calls runtime::acknowledge (a server acknowledges what its client has received).
   bool manual_ack = false;
-};
-
-enum class outcome_kind { completed, rejected, cancelled, failed };
-
-struct outcome {
-  uint64_t request_id = 0;
-  outcome_kind kind = outcome_kind::failed;
-  std::string reason;        // completed: stop_token, stop_string, max_tokens, context_full;
-                             // rejected: overloaded, quota_exceeded, unauthenticated, invalid,
-                             // prompt_too_long, shutting_down; cancelled: client, deadline, shutdown
-  std::string message;       // for people: what happened and what to do
-  int64_t retry_after_ms = -1;  // rejected: wait at least this long before retrying; -1: don't
-  std::vector<std::string> degradations;  // everything done to the request because of load
-  int32_t prompt_tokens = 0, completion_tokens = 0, cached_prompt_tokens = 0, preemptions = 0;
-  double queued_ms = 0, time_to_first_token_ms = -1, total_ms = 0;
-  std::string text;             // everything generated (after stop handling)
-  std::vector<int32_t> tokens;  // every generated token id
 };
 
 struct token_event {

@@ -24,7 +24,7 @@ TEST(runtime_sim, a_request_completes_with_its_tokens) {
   EXPECT_EQ(o.tokens.size(), 12u);
   EXPECT_EQ(o.prompt_tokens, 40);
   EXPECT_GT(o.time_to_first_token_ms, 0.0) << "total " << o.total_ms << " virtual " << h.backend().virtual_seconds();
-  EXPECT_EQ(h.kv().free, h.kv().total);
+  EXPECT_EQ(h.kv().blocks.free, h.kv().blocks.total);
 }
 
 TEST(runtime_sim, a_flood_of_10000_requests_ends_each_once_with_mailboxes_bounded) {
@@ -48,7 +48,7 @@ TEST(runtime_sim, a_flood_of_10000_requests_ends_each_once_with_mailboxes_bounde
   EXPECT_LE(h.admission().max_mailbox, bound);
   EXPECT_LE(h.engine().max_mailbox, bound);
   EXPECT_LE(h.kv().max_mailbox, 2);
-  EXPECT_EQ(h.kv().free, h.kv().total);
+  EXPECT_EQ(h.kv().blocks.free, h.kv().blocks.total);
   EXPECT_EQ(h.door().inside(), 0);
 }
 
@@ -68,7 +68,7 @@ TEST(runtime_sim, a_full_tier_queue_refuses_at_once_with_a_retry_hint) {
     }
   }
   EXPECT_GT(rejected, 0);
-  EXPECT_EQ(h.kv().free, h.kv().total);
+  EXPECT_EQ(h.kv().blocks.free, h.kv().blocks.total);
 }
 
 TEST(runtime_sim, higher_tiers_start_first_when_the_engine_is_full) {
@@ -100,7 +100,7 @@ TEST(runtime_sim, cancelling_queued_and_running_requests_frees_everything) {
       EXPECT_EQ(o.reason, "client");
     }
   }
-  EXPECT_EQ(h.kv().free, h.kv().total);
+  EXPECT_EQ(h.kv().blocks.free, h.kv().blocks.total);
 }
 
 TEST(runtime_sim, deadlines_end_requests_as_cancelled_deadline) {
@@ -113,7 +113,7 @@ TEST(runtime_sim, deadlines_end_requests_as_cancelled_deadline) {
   EXPECT_EQ(o.kind, outcome_kind::cancelled);
   EXPECT_EQ(o.reason, "deadline");
   EXPECT_NEAR(o.total_ms, 200.0, 1.0);
-  EXPECT_EQ(h.kv().free, h.kv().total);
+  EXPECT_EQ(h.kv().blocks.free, h.kv().blocks.total);
 }
 
 TEST(runtime_sim, a_small_pool_preempts_and_every_request_still_completes) {
@@ -132,7 +132,7 @@ TEST(runtime_sim, a_small_pool_preempts_and_every_request_still_completes) {
     preemptions += out.preemptions;
   }
   EXPECT_GT(preemptions, 0) << "the pool was meant to be too small";
-  EXPECT_EQ(h.kv().free, h.kv().total);
+  EXPECT_EQ(h.kv().blocks.free, h.kv().blocks.total);
 }
 
 // A step whose time budget fits fewer prompt tokens than a request finds in the prefix cache
@@ -156,7 +156,7 @@ TEST(runtime_sim, a_cached_prefix_longer_than_a_steps_budget_does_not_stall_its_
     EXPECT_EQ(out.tokens.size(), 6u);
   }
   EXPECT_GT(h.outcomes().at(ids.back())[0].cached_prompt_tokens, 16);
-  EXPECT_EQ(h.kv().free, h.kv().total);
+  EXPECT_EQ(h.kv().blocks.free, h.kv().blocks.total);
 }
 
 TEST(runtime_sim, a_crashing_shard_is_restarted_and_no_request_is_lost) {
@@ -172,7 +172,7 @@ TEST(runtime_sim, a_crashing_shard_is_restarted_and_no_request_is_lost) {
   EXPECT_GT(h.shard_restarts(), 0);
   // The supervisor re-runs a crashed step on the shard it restarts: crashes cost time, not requests.
   EXPECT_EQ(completed, 40) << "a crash failed a request";
-  EXPECT_EQ(h.kv().free, h.kv().total);
+  EXPECT_EQ(h.kv().blocks.free, h.kv().blocks.total);
 }
 
 TEST(runtime_sim, a_shard_past_its_restart_budget_fails_every_request_at_once_and_says_why) {
@@ -199,7 +199,7 @@ TEST(runtime_sim, a_shard_past_its_restart_budget_fails_every_request_at_once_an
   h.run_for(std::chrono::milliseconds(1));
   ASSERT_EQ(h.outcomes().count(late), 1u);
   EXPECT_EQ(h.outcomes().at(late)[0].kind, outcome_kind::failed);
-  EXPECT_EQ(h.kv().free, h.kv().total);
+  EXPECT_EQ(h.kv().blocks.free, h.kv().blocks.total);
   EXPECT_EQ(h.door().inside(), 0);
 }
 
@@ -234,7 +234,7 @@ TEST(runtime_sim, an_admitted_request_that_cannot_start_in_time_is_refused_befor
   EXPECT_GE(completed, 2);
   EXPECT_GT(late, 0) << "every request waited for its turn, however long";
   EXPECT_LE(h.engine().late_refusals, late);  // the rest were refused in admission's queue
-  EXPECT_EQ(h.kv().free, h.kv().total);
+  EXPECT_EQ(h.kv().blocks.free, h.kv().blocks.total);
   EXPECT_EQ(h.door().inside(), 0);
 }
 
@@ -267,7 +267,7 @@ TEST_P(random_scenarios, every_request_ends_once_blocks_are_conserved_and_mailbo
   EXPECT_EQ(e.running + e.waiting, 0) << "running " << e.running << " waiting " << e.waiting << " queued "
                                        << h.admission().queued << " restarts " << h.shard_restarts();
   expect_exactly_one_outcome_each(h, ids.size());
-  EXPECT_EQ(h.kv().free, h.kv().total);
+  EXPECT_EQ(h.kv().blocks.free, h.kv().blocks.total);
   EXPECT_EQ(h.door().inside(), 0);
   EXPECT_LE(h.admission().max_mailbox, h.door().capacity());
   EXPECT_LE(h.engine().max_mailbox, h.door().capacity());

@@ -74,7 +74,6 @@ class sim_harness {
     po.admission.policy = o.policy;
     po.engine.limits = {o.max_step_tokens, o.max_step_seqs, o.max_preemptions, o.max_context, o.block_size};
     po.engine.max_waiting = o.max_step_seqs;
-    po.engine.max_waiting_tokens = 2 * o.max_step_tokens;
     po.engine.step_time_target_seconds = o.step_time_target_seconds;
     pipeline_ = spawn_pipeline(*sys_, po);
     int32_t queued = 0;
@@ -147,26 +146,14 @@ class sim_harness {
     ask(pipeline_.engine, [&](const engine_stats& e) { out = e; });
     return out;
   }
-  struct kv_stats {
-    int32_t total = 0, free = 0, cached_free = 0, used = 0;
-    int64_t hits = 0, misses = 0, evictions = 0, max_mailbox = 0;
-  };
   kv_stats kv() {
     kv_stats out;
-    ask(pipeline_.kv, [&](int32_t total, int32_t free, int32_t cached_free, int32_t used, int64_t hits,
-                          int64_t misses, int64_t evictions, int64_t mailbox) {
-      out = {total, free, cached_free, used, hits, misses, evictions, mailbox};
-    });
+    ask(pipeline_.kv, [&](const kv_stats& k) { out = k; });
     return out;
   }
-  struct admission_stats {
-    int32_t queued = 0;
-    int64_t max_mailbox = 0;
-  };
   admission_stats admission() {
     admission_stats out;
-    ask(pipeline_.admission, [&](int32_t queued, int64_t mailbox, const std::vector<std::string>&,
-                                 const std::vector<int32_t>&) { out = {queued, mailbox}; });
+    ask(pipeline_.admission, [&](const admission_stats& a) { out = a; });
     return out;
   }
   int shard_restarts() {

@@ -1,0 +1,42 @@
+#pragma once
+// The one terminal outcome of a request, as the embedded API, the server and the load driver
+// see it. protocol/outcome_wire.hpp is its one conversion to and from Cap'n Proto.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tireless {
+
+// The names of outcome.reason, defined once: the wire tables (protocol/reason_names.hpp) and
+// the cores that end requests use these.
+namespace reason {
+inline constexpr std::string_view stop_token = "stop_token", stop_string = "stop_string",
+                                  max_tokens = "max_tokens", context_full = "context_full";
+inline constexpr std::string_view overloaded = "overloaded", quota_exceeded = "quota_exceeded",
+                                  unauthenticated = "unauthenticated", invalid = "invalid",
+                                  prompt_too_long = "prompt_too_long", shutting_down = "shutting_down";
+inline constexpr std::string_view client = "client", deadline = "deadline", shutdown = "shutdown";
+inline constexpr std::string_view error = "error";
+}  // namespace reason
+
+enum class outcome_kind { completed, rejected, cancelled, failed };
+
+struct outcome {
+  uint64_t request_id = 0;
+  outcome_kind kind = outcome_kind::failed;
+  std::string reason;        // completed: stop_token, stop_string, max_tokens, context_full;
+                             // rejected: overloaded, quota_exceeded, unauthenticated, invalid,
+                             // prompt_too_long, shutting_down; cancelled: client, deadline, shutdown;
+                             // failed: error
+  std::string message;       // for people: what happened and what to do
+  int64_t retry_after_ms = -1;  // rejected: wait at least this long before retrying; -1: don't
+  std::vector<std::string> degradations;  // everything done to the request because of load
+  int32_t prompt_tokens = 0, completion_tokens = 0, cached_prompt_tokens = 0, preemptions = 0;
+  double queued_ms = 0, time_to_first_token_ms = -1, total_ms = 0;
+  std::string text;             // everything generated (after stop handling)
+  std::vector<int32_t> tokens;  // every generated token id
+};
+
+}  // namespace tireless

@@ -1,0 +1,94 @@
+#include "protocol/outcome_wire.hpp"
+
+#include "protocol/reason_names.hpp"
+
+namespace tireless {
+
+void to_wire(const outcome& o, proto::Outcome::Builder b) {
+  b.setRequestId(o.request_id);
+  switch (o.kind) {
+    case outcome_kind::completed: b.initCompleted().setReason(proto::completion_reason(o.reason)); break;
+    case outcome_kind::rejected: {
+      auto r = b.initRejected();
+      r.setReason(proto::rejection_reason(o.reason));
+      r.setMessage(o.message);
+      r.setRetryAfterMs(o.retry_after_ms);
+      break;
+    }
+    case outcome_kind::cancelled: b.initCancelled().setReason(proto::cancellation_reason(o.reason)); break;
+    case outcome_kind::failed: b.initFailed().setMessage(o.message.empty() ? o.reason : o.message); break;
+  }
+  auto d = b.initDegradations(static_cast<unsigned>(o.degradations.size()));
+  for (unsigned i = 0; i < o.degradations.size(); ++i) d.set(i, o.degradations[i]);
+  auto u = b.initUsage();
+  u.setPromptTokens(o.prompt_tokens);
+  u.setCompletionTokens(o.completion_tokens);
+  u.setCachedPromptTokens(o.cached_prompt_tokens);
+  u.setPreemptions(o.preemptions);
+  auto t = b.initTimings();
+  t.setQueuedMs(o.queued_ms);
+  t.setTimeToFirstTokenMs(o.time_to_first_token_ms);
+  t.setTotalMs(o.total_ms);
+}
+
+outcome from_wire(proto::Outcome::Reader r) {
+  outcome o;
+  o.request_id = r.getRequestId();
+  switch (r.which()) {
+    case proto::Outcome::COMPLETED:
+      o.kind = outcome_kind::completed;
+      o.reason = proto::reason_name(r.getCompleted().getReason());
+      break;
+    case proto::Outcome::REJECTED:
+      o.kind = outcome_kind::rejected;
+      o.reason = proto::reason_name(r.getRejected().getReason());
+      o.message = r.getRejected().getMessage();
+      o.retry_after_ms = r.getRejected().getRetryAfterMs();
+      break;
+    case proto::Outcome::CANCELLED:
+      o.kind = outcome_kind::cancelled;
+      o.reason = proto::reason_name(r.getCancelled().getReason());
+      break;
+    case proto::Outcome::FAILED:
+      o.kind = outcome_kind::failed;
+      o.reason = "error";
+      o.message = r.getFailed().getMessage();
+      break;
+  }
+  for (auto d : r.getDegradations()) o.degradations.emplace_back(d.cStr());
+  if (r.hasUsage()) {
+    const auto u = r.getUsage();
+    o.prompt_tokens = u.getPromptTokens();
+    o.completion_tokens = u.getCompletionTokens();
+    o.cached_prompt_tokens = u.getCachedPromptTokens();
+    o.preemptions = u.getPreemptions();
+  }
+  if (r.hasTimings()) {
+    const auto t = r.getTimings();
+    o.queued_ms = t.getQueuedMs();
+    o.time_to_first_token_ms = t.getTimeToFirstTokenMs();
+    o.total_ms = t.getTotalMs();
+  }
+  return o;
+}
+
+outcome rejected_outcome(uint64_t id, proto::Rejection::Reason why, std::string message, int64_t retry_after_ms) {
+  outcome o;
+  o.request_id = id;
+  o.kind = outcome_kind::rejected;
+  o.reason = proto::reason_name(why);
+  o.message = std::move(message);
+  o.retry_after_ms = retry_after_ms;
+  return o;
+}
+
+outcome failed_outcome(uint64_t id, std::string message) {
+  outcome o;
+  o.request_id = id;
+  o.kind = outcome_kind::failed;
+  o.reason = "error";
+  o.message = std::move(message);
+  return o;
+}
+
+}  // namespace tireless

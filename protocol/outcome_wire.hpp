@@ -1,0 +1,19 @@
+#pragma once
+// The one conversion between a request's outcome and its Cap'n Proto form (common.capnp's
+// Outcome), used by every actor that ends a request, the server, the load driver and the
+// clients. Reason names come from reason_names.hpp's tables. Text and token ids travel
+// separately (TokenChunk, the token sink), so they are not part of the wire form.
+
+#include "protocol/common.capnp.h"
+#include "tireless/outcome.hpp"
+
+namespace tireless {
+
+void to_wire(const outcome& o, proto::Outcome::Builder b);
+outcome from_wire(proto::Outcome::Reader r);
+
+// Shorthands for the outcomes the runtime's actors make.
+outcome rejected_outcome(uint64_t id, proto::Rejection::Reason why, std::string message, int64_t retry_after_ms);
+outcome failed_outcome(uint64_t id, std::string message);
+
+}  // namespace tireless

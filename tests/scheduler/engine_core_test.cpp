@@ -1,0 +1,264 @@
+#include "scheduler/engine_core.hpp"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "scheduler/block_manager.hpp"
+#include "scheduler/kv_plan.hpp"
+
+namespace tireless {
+namespace {
+
+// An engine_core with a real block pool behind it and a fake model that samples token 7 and
+// takes `step_seconds` per step: what the engine actor does, without actors.
+class engine_loop {
+ public:
+  explicit engine_loop(engine_options o, int32_t n_blocks = 64)
+      : core_(o), blocks_({.n_blocks = n_blocks, .block_size = o.limits.block_size, .prefix_caching = false,
+                           .watermark_blocks = 0}) {}
+
+  void add(seq_id id, int32_t prompt_tokens, int32_t max_tokens, int64_t ttft_ms = 0, int64_t start_within_ms = 0,
+           std::vector<std::string> degradations = {}) {
+    sequence_spec s;
+    s.id = id;
+    s.arrival = static_cast<uint64_t>(now_);
+    s.prompt.resize(static_cast<size_t>(prompt_tokens));
+    std::iota(s.prompt.begin(), s.prompt.end(), static_cast<token_id>(100 * id));
+    s.max_tokens = max_tokens;
+    s.ttft_target_ns = ttft_ms * 1'000'000;
+    if (start_within_ms > 0) s.start_by = now_ + start_within_ms * 1'000'000;
+    core_.add(std::move(s), std::move(degradations));
+    collect();
+  }
+
+  // One step through the KV pool and the fake model; false when nothing was proposed.
+  // fail: the model fails the step for good (the actor's retries spent). step_seconds < 0:
+  // the step takes -step_seconds times what the cost prior says for its shape.
+  bool step(double step_seconds = 0.01, bool fail = false) {
+    auto request = core_.propose(now_);
+    collect();
+    if (!request) return false;
+    const kv_reply reply = plan_kv(blocks_, *request);
+    auto g = core_.granted(reply, now_);
+    if (g.batch.seqs.empty()) {
+      collect();
+      return true;
+    }
+    if (step_seconds < 0) step_seconds = -step_seconds * prior_cost(g.batch);
+    now_ += static_cast<int64_t>(step_seconds * 1e9);
+    if (fail) {
+      core_.abort("the model failed");
+    } else {
+      step_result r;
+      for (const sequence_step& s : g.batch.seqs) r.next.push_back(s.sample ? 7 : -1);
+      core_.commit(r, step_seconds, now_);
+    }
+    collect();
+    return true;
+  }
+  void run(int max_steps = 1000, double step_seconds = 0.01) {
+    for (int i = 0; i < max_steps && step(step_seconds); ++i) {
+    }
+  }
+  void wait(int64_t ms) { now_ += ms * 1'000'000; }
+  void lose_backend(const std::string& why) {
+    core_.lose_backend(why);
+    collect();
+  }
+
+  engine_core& core() { return core_; }
+  block_manager& blocks() { return blocks_; }
+  const std::map<seq_id, outcome>& outcomes() const { return outcomes_; }
+  int32_t tokens(seq_id id) const { return tokens_.count(id) ? tokens_.at(id) : 0; }
+  int ended(seq_id id) const { return ended_.count(id) ? ended_.at(id) : 0; }
+  int32_t used(seq_id id) const { return used_.count(id) ? used_.at(id) : 0; }
+
+ private:
+  void collect() {
+    for (engine_delivery& d : core_.take_deliveries()) {
+      if (!d.ended) {
+        tokens_[d.seq] += static_cast<int32_t>(d.tokens.size());
+        continue;
+      }
+      ++ended_[d.seq];
+      used_[d.seq] = d.used_tokens;
+      outcomes_[d.seq] = d.result;
+    }
+  }
+  double prior_cost(const step_batch& b) const {
+    const step_cost_prior& p = core_.options().step_prior;
+    double seconds = p.c0;
+    for (const sequence_step& s : b.seqs) seconds += s.tokens.size() == 1 ? p.per_decode_seq : p.per_prefill_token * s.tokens.size();
+    return seconds;
+  }
+  engine_core core_;
+  block_manager blocks_;
+  int64_t now_ = 1'000'000'000;
+  std::map<seq_id, outcome> outcomes_;
+  std::map<seq_id, int32_t> tokens_, used_;
+  std::map<seq_id, int> ended_;
+};
+
+engine_options small_engine() {
+  engine_options o;
+  o.limits.max_step_tokens = 64;
+  o.limits.max_step_seqs = 8;
+  o.limits.block_size = 4;
+  o.limits.max_context = 256;
+  o.max_waiting = 4;
+  o.step_prior = {0.001, 0.0001, 0.0005, 0};
+  return o;
+}
+
+TEST(engine_core, every_request_ends_once_with_its_usage_timings_and_degradations_and_gives_its_blocks_back) {
+  engine_loop e(small_engine());
+  e.add(1, 10, 5, 0, 0, {"max_tokens capped from 50 to 5"});
+  e.add(2, 30, 3);
+  e.run();
+  for (seq_id id : {seq_id{1}, seq_id{2}}) EXPECT_EQ(e.ended(id), 1) << id;
+  const outcome& o = e.outcomes().at(1);
+  EXPECT_EQ(o.kind, outcome_kind::completed);
+  EXPECT_EQ(o.reason, reason::max_tokens);
+  EXPECT_EQ(o.request_id, 1u);
+  EXPECT_EQ(o.prompt_tokens, 10);
+  EXPECT_EQ(o.completion_tokens, 5);
+  EXPECT_EQ(e.tokens(1), 5);
+  EXPECT_EQ(e.used(1), 15);
+  ASSERT_EQ(o.degradations.size(), 1u);
+  EXPECT_EQ(o.degradations[0], "max_tokens capped from 50 to 5");
+  EXPECT_GT(o.time_to_first_token_ms, 0);
+  EXPECT_GE(o.total_ms, o.time_to_first_token_ms);
+  EXPECT_FALSE(e.core().stepping());
+  EXPECT_EQ(e.core().stats().running + e.core().stats().waiting, 0);
+  // The ended requests' blocks go back with the next KV request.
+  e.add(3, 4, 1);
+  e.run();
+  EXPECT_EQ(e.blocks().stats().free, e.blocks().stats().total);
+}
+
+TEST(engine_core, a_step_that_failed_for_good_fails_its_requests_and_the_engine_goes_on) {
+  engine_loop e(small_engine());
+  e.add(1, 10, 5);
+  ASSERT_TRUE(e.step(0.01, /*fail=*/true));
+  ASSERT_EQ(e.ended(1), 1);
+  EXPECT_EQ(e.outcomes().at(1).kind, outcome_kind::failed);
+  EXPECT_EQ(e.outcomes().at(1).message, "the model failed");
+  EXPECT_FALSE(e.core().stepping());
+  e.add(2, 10, 2);
+  e.run();
+  EXPECT_EQ(e.outcomes().at(2).kind, outcome_kind::completed);
+  EXPECT_EQ(e.blocks().stats().free, e.blocks().stats().total);
+}
+
+TEST(engine_core, a_request_past_its_start_bound_is_refused_before_any_prefill_with_its_wait_as_retry_hint) {
+  engine_loop e(small_engine());
+  e.add(1, 10, 5, /*ttft_ms=*/100, /*start_within_ms=*/200);
+  e.wait(500);
+  EXPECT_FALSE(e.step());
+  ASSERT_EQ(e.ended(1), 1);
+  const outcome& o = e.outcomes().at(1);
+  EXPECT_EQ(o.kind, outcome_kind::rejected);
+  EXPECT_EQ(o.reason, reason::overloaded);
+  EXPECT_EQ(o.retry_after_ms, 400);  // waited 500 ms against a 100 ms target
+  EXPECT_NE(o.message.find("waited 500 ms"), std::string::npos) << o.message;
+  EXPECT_EQ(e.tokens(1), 0);
+  EXPECT_EQ(e.used(1), 0);
+  EXPECT_EQ(e.core().stats().late_refusals, 1);
+}
+
+TEST(engine_core, a_request_the_pool_can_never_hold_fails_with_what_to_do_instead_of_waiting_forever) {
+  engine_options o = small_engine();
+  o.limits.max_step_tokens = 256;
+  engine_loop e(o, /*n_blocks=*/4);  // 16 positions
+  e.add(1, 40, 2);
+  e.run(10);
+  ASSERT_EQ(e.ended(1), 1);
+  EXPECT_EQ(e.outcomes().at(1).kind, outcome_kind::failed);
+  EXPECT_NE(e.outcomes().at(1).message.find("more KV cache than the pool holds"), std::string::npos);
+}
+
+TEST(engine_core, a_lost_backend_fails_every_held_request_and_every_later_one_at_once) {
+  engine_loop e(small_engine());
+  e.add(1, 10, 50);
+  e.step();
+  e.lose_backend("gone");
+  ASSERT_EQ(e.ended(1), 1);
+  EXPECT_EQ(e.outcomes().at(1).kind, outcome_kind::failed);
+  e.add(2, 10, 5);
+  ASSERT_EQ(e.ended(2), 1);
+  EXPECT_EQ(e.outcomes().at(2).message, "gone");
+  EXPECT_EQ(e.core().stats().backend_problem, "gone");
+}
+
+TEST(engine_core, a_cancelled_request_hears_nothing_more_and_admission_gets_its_used_tokens) {
+  engine_loop e(small_engine());
+  e.add(1, 10, 50);
+  e.step();
+  const auto used = e.core().cancel(1);
+  ASSERT_TRUE(used.has_value());
+  EXPECT_EQ(*used, 11);  // the prompt and the first token
+  EXPECT_FALSE(e.core().cancel(1).has_value());
+  e.run();
+  EXPECT_EQ(e.ended(1), 0);
+  EXPECT_EQ(e.blocks().stats().free, e.blocks().stats().total);
+}
+
+TEST(engine_core, the_step_budget_follows_the_step_models_observed_error) {
+  engine_options o = small_engine();
+  o.step_time_target_seconds = 0.1;
+  o.step_prior = {0.001, 0.0001, 0.001, 0};
+  engine_loop e(o);
+  EXPECT_DOUBLE_EQ(e.core().budget().headroom, step_time_headroom);  // nothing observed yet
+  // Steps that take what the model says: the most headroom allowed.
+  for (seq_id id = 1; id <= 40; ++id) e.add(id, 8, 30);
+  for (int i = 0; i < 150; ++i) e.step(-1.0);
+  EXPECT_NEAR(e.core().budget().headroom, step_time_headroom, 0.01);
+  // Then every other step a third slower than the fit: the 95th percentile of actual /
+  // predicted is ~4/3, so the target is divided by it.
+  for (seq_id id = 100; id <= 140; ++id) e.add(id, 8, 30);
+  for (int i = 0; i < 300; ++i) e.step(i % 2 ? -1.0 : -4.0 / 3.0);
+  EXPECT_LT(e.core().budget().headroom, 0.85);
+  EXPECT_GT(e.core().budget().headroom, 0.6);
+  // Far slower than any fit: the floor.
+  for (seq_id id = 200; id <= 240; ++id) e.add(id, 8, 30);
+  for (int i = 0; i < 300; ++i) e.step(i % 2 ? -1.0 : -5.0);
+  EXPECT_GE(e.core().budget().headroom, least_step_headroom);
+  EXPECT_NEAR(e.core().budget().seconds, 0.1 * e.core().budget().headroom, 1e-12);
+}
+
+TEST(engine_core, credits_give_the_waiting_room_and_the_load_admission_predicts_with) {
+  engine_options o = small_engine();
+  o.limits.max_step_seqs = 1;  // one runs, the rest wait
+  engine_loop e(o);
+  for (seq_id id = 1; id <= 3; ++id) e.add(id, 10, 20);
+  e.step();
+  const engine_credits c = e.core().credits();
+  EXPECT_EQ(c.max_waiting, 4);
+  EXPECT_EQ(c.received_by_priority.at(0), 3);
+  EXPECT_EQ(c.load.running + c.load.waiting, 3);
+  ASSERT_EQ(c.load.waiting_by_priority.size(), 1u);
+  EXPECT_EQ(c.load.waiting_by_priority[0].requests, c.load.waiting);
+  EXPECT_EQ(c.load.max_step_seqs, 1);
+  EXPECT_GT(c.load.step_observations, 0);
+  EXPECT_EQ(c.load.max_step_tokens, o.limits.max_step_tokens);  // no time target: the token limit
+}
+
+TEST(credit_ledger, a_higher_priority_has_credit_while_a_lower_one_is_out_of_it) {
+  credit_ledger room;
+  engine_credits c;
+  c.max_waiting = 2;
+  c.load.waiting_by_priority = {{0, 2, 100}};
+  room.update(c);
+  EXPECT_FALSE(room.has_credit(0));
+  EXPECT_TRUE(room.has_credit(1));  // the lower tier's waiting requests do not count against it
+  room.sent(1);
+  room.sent(1);
+  EXPECT_FALSE(room.has_credit(1));  // two on their way
+  c.received_by_priority[1] = 2;     // the engine received them, and they run
+  room.update(c);
+  EXPECT_TRUE(room.has_credit(1));
+}
+
+}  // namespace
+}  // namespace tireless
