@@ -83,7 +83,7 @@ void kick(self_ptr self) {
               return;
             }
             // The batch's spans point into the core's sequences until commit; the message copies.
-            run_step(self, to_wire(++self->state.step_id, step.batch, step.copies), 0);
+            run_step(self, to_wire(++self->state.step_id, step.batch, step.copies, step.forget), 0);
           },
           [=](caf::error&) { self->quit(caf::sec::runtime_error); });
 }

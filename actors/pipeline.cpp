@@ -2,6 +2,9 @@
 
 #include "actors/messages.hpp"
 
+#include <algorithm>
+#include <thread>
+
 namespace tireless {
 
 pipeline spawn_pipeline(caf::actor_system& sys, const pipeline_options& o) {
@@ -13,6 +16,16 @@ pipeline spawn_pipeline(caf::actor_system& sys, const pipeline_options& o) {
   p.engine = spawn_engine(sys, o.engine, p.kv, p.shard, p.admission);
   caf::anon_send(p.admission, attach_atom::value, p.engine);
   return p;
+}
+
+void configure_actor_system(caf::actor_system_config& cfg) {
+  cfg.set("scheduler.max-threads", static_cast<size_t>(std::max(2u, std::thread::hardware_concurrency())));
+  // CAF's idle workers otherwise poll for 25-50 ms after each burst of messages, waking
+  // thousands of times a second and pushing the model's compute threads off the cores
+  // (measured: 14-18% of throughput on 2 cores; bench/results/bench_runtime_vs_bare.txt).
+  // Messages from other threads wake a sleeping worker directly.
+  cfg.set("work-stealing.aggressive-poll-attempts", size_t{1});
+  cfg.set("work-stealing.moderate-poll-attempts", size_t{1});
 }
 
 pipeline_options make_pipeline_options(const runtime_config& c, const resolved_limits& lim,

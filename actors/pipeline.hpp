@@ -33,6 +33,9 @@ struct pipeline {
 
 pipeline spawn_pipeline(caf::actor_system& sys, const pipeline_options& options);
 
+// The actor system's settings for a runtime on real threads (runtime::start and benches).
+void configure_actor_system(caf::actor_system_config& cfg);
+
 // The options a configuration gives, for a backend already made (its KV geometry decides the
 // pool) and the limits resolved against the model.
 pipeline_options make_pipeline_options(const runtime_config& config, const resolved_limits& limits,

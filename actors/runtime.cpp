@@ -80,15 +80,7 @@ std::unique_ptr<runtime> runtime::start(const runtime_config& config) {
   impl* m = r.get();
   // Everything that spawns actors runs on the system's owner thread (system_owner.hpp).
   r->owner = std::make_unique<system_owner>(
-      [](caf::actor_system_config& cfg) {
-        cfg.set("scheduler.max-threads", static_cast<size_t>(std::max(2u, std::thread::hardware_concurrency())));
-        // CAF's idle workers otherwise poll for 25-50 ms after each burst of messages, waking
-        // thousands of times a second and pushing the model's compute threads off the cores
-        // (measured: 14-18% of throughput on 2 cores; bench/results/bench_runtime_vs_bare.txt).
-        // Messages from other threads wake a sleeping worker directly.
-        cfg.set("work-stealing.aggressive-poll-attempts", size_t{1});
-        cfg.set("work-stealing.moderate-poll-attempts", size_t{1});
-      },
+      configure_actor_system,
       [m](caf::actor_system& sys) {
         m->sys = &sys;
         try {

@@ -20,7 +20,6 @@ struct shard_state {
   shard_options o;
   std::mt19937_64 rng;
   caf::actor_clock::time_point slow_until{};  // in a slow spell until then
-  step_storage storage;
   step_result result;
   uint64_t steps = 0;
   // simulated: replies waiting for their virtual step time to pass
@@ -36,10 +35,11 @@ bool chance(shard_state& st, double p) {
 step_reply_msg run_step(shard_state& st, const step_request_msg& req, double& seconds,
                         caf::actor_clock::time_point now) {
   const auto r = req.get();
-  unpack(r, st.storage);
-  if (!st.storage.copies.empty()) st.o.model->copy_blocks(st.storage.copies);
+  step_storage& storage = *st.o.storage;
+  unpack(r, storage);
+  if (!storage.copies.empty()) st.o.model->copy_blocks(storage.copies);
   const auto t0 = std::chrono::steady_clock::now();
-  st.o.model->execute(st.storage.batch, st.result);
+  st.o.model->execute(storage.batch, st.result);
   seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   auto* sim = dynamic_cast<sim::sim_backend*>(st.o.model.get());
   if (sim) seconds = sim->last_step_seconds();
@@ -63,6 +63,7 @@ step_reply_msg run_step(shard_state& st, const step_request_msg& req, double& se
 
 caf::behavior step_shard(caf::stateful_actor<shard_state>* self, shard_options o) {
   self->state.o = std::move(o);
+  if (!self->state.o.storage) self->state.o.storage = std::make_shared<step_storage>();
   self->state.rng.seed(self->state.o.seed);
   return {
       [=](const step_request_msg& req) -> caf::result<step_reply_msg> {
@@ -142,6 +143,7 @@ void forward(supervisor_ptr self, uint64_t id) {
 
 caf::behavior shard_supervisor(supervisor_ptr self, shard_options o, restart_policy policy) {
   self->state.o = std::move(o);
+  if (!self->state.o.storage) self->state.o.storage = std::make_shared<step_storage>();
   self->state.policy = policy;
   start_child(self);
   self->set_down_handler([=](caf::down_msg& dm) {

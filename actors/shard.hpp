@@ -14,8 +14,13 @@
 
 namespace tireless {
 
+struct step_storage;
+
 struct shard_options {
   std::shared_ptr<backend> model;
+  // The block tables the steps' deltas build on (actors/wire.hpp). The supervisor keeps them
+  // across a restart of its shard, so a re-run step finds them; made at spawn when null.
+  std::shared_ptr<step_storage> storage;
   // The backend's step time is virtual (the sim backend): reply after that much time on the
   // actor clock instead of computing for real. Real backends run on a detached thread.
   bool simulated = false;

@@ -1,6 +1,11 @@
 #include "actors/wire.hpp"
 
+#include <bit>
 #include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include <capnp/any.h>
 
 namespace tireless {
 
@@ -127,6 +132,7 @@ owned<proto::KvRequest> to_wire(const kv_request& r) {
   for (unsigned i = 0; i < r.commits.size(); ++i) {
     commits[i].setSeq(r.commits[i].seq);
     commits[i].setComputed(r.commits[i].computed);
+    commits[i].setFirstBlock(r.commits[i].first_block);
     fill(commits[i].initTokens(static_cast<unsigned>(r.commits[i].tokens.size())), r.commits[i].tokens);
   }
   return m;
@@ -145,7 +151,9 @@ kv_request from_wire(proto::KvRequest::Reader r) {
     out.entries.push_back(std::move(x));
   }
   out.releases = to_vector<seq_id>(r.getReleases());
-  for (auto c : r.getCommits()) out.commits.push_back({c.getSeq(), to_vector<token_id>(c.getTokens()), c.getComputed()});
+  for (auto c : r.getCommits()) {
+    out.commits.push_back({c.getSeq(), to_vector<token_id>(c.getTokens()), c.getComputed(), c.getFirstBlock()});
+  }
   return out;
 }
 
@@ -158,6 +166,7 @@ owned<proto::KvReply> to_wire(const kv_reply& r) {
     grants[i].setSeq(g.seq);
     grants[i].setGranted(g.granted);
     grants[i].setCachedTokens(g.cached_tokens);
+    grants[i].setTableFrom(g.table_from);
     fill(grants[i].initTable(static_cast<unsigned>(g.table.size())), g.table);
   }
   fill(b.initPreempted(static_cast<unsigned>(r.preempted.size())), r.preempted);
@@ -175,7 +184,8 @@ owned<proto::KvReply> to_wire(const kv_reply& r) {
 kv_reply from_wire(proto::KvReply::Reader r) {
   kv_reply out;
   for (auto g : r.getGrants()) {
-    out.grants.push_back({g.getSeq(), g.getGranted(), g.getCachedTokens(), to_vector<block_id>(g.getTable())});
+    out.grants.push_back(
+        {g.getSeq(), g.getGranted(), g.getCachedTokens(), g.getTableFrom(), to_vector<block_id>(g.getTable())});
   }
   out.preempted = to_vector<seq_id>(r.getPreempted());
   for (auto c : r.getCopies()) out.copies.emplace_back(c.getSrc(), c.getDst());
@@ -198,7 +208,8 @@ sampling_params sampling_of(proto::Sampling::Reader r) {
 }
 
 owned<proto::StepRequest> to_wire(uint64_t step_id, const step_batch& batch,
-                                  const std::vector<std::pair<block_id, block_id>>& copies) {
+                                  const std::vector<std::pair<block_id, block_id>>& copies,
+                                  const std::vector<seq_id>& forget) {
   owned<proto::StepRequest> m(static_cast<unsigned>(64 + batch.seqs.size() * 16 + batch.n_tokens() / 2));
   auto b = m.init();
   b.setStepId(step_id);
@@ -209,7 +220,9 @@ owned<proto::StepRequest> to_wire(uint64_t step_id, const step_batch& batch,
     sb.setSeq(s.seq_id);
     fill(sb.initTokens(static_cast<unsigned>(s.tokens.size())), s.tokens);
     sb.setStartPos(s.start_pos);
-    fill(sb.initBlockTable(static_cast<unsigned>(s.block_table.size())), s.block_table);
+    sb.setTableFrom(s.table_from);
+    fill(sb.initBlockTable(static_cast<unsigned>(s.block_table.size() - s.table_from)),
+         s.block_table.subspan(static_cast<size_t>(s.table_from)));
     sb.setSample(s.sample);
     set_sampling(sb.initSampling(), s.sampling);
     sb.setWantLogits(s.want_logits);
@@ -219,23 +232,47 @@ owned<proto::StepRequest> to_wire(uint64_t step_id, const step_batch& batch,
     cb[i].setSrc(copies[i].first);
     cb[i].setDst(copies[i].second);
   }
+  fill(b.initForget(static_cast<unsigned>(forget.size())), forget);
   return m;
 }
 
+namespace {
+
+// An Int32 list's elements in place: Cap'n Proto lays them out as little-endian int32, word
+// aligned (this runs on little-endian machines only).
+std::span<const int32_t> view_of(capnp::List<int32_t>::Reader list) {
+  static_assert(std::endian::native == std::endian::little);
+  const capnp::AnyList::Reader any(list);
+  if (list.size() > 0 && any.getElementSize() != capnp::ElementSize::FOUR_BYTES) {
+    throw std::runtime_error("a step request's Int32 list is not encoded as 32-bit elements");
+  }
+  const kj::ArrayPtr<const kj::byte> bytes = any.getRawBytes();
+  return {reinterpret_cast<const int32_t*>(bytes.begin()), list.size()};
+}
+
+}  // namespace
+
 void unpack(proto::StepRequest::Reader r, step_storage& out) {
+  for (seq_id s : r.getForget()) out.tables.erase(s);
   const auto seqs = r.getSeqs();
-  out.tokens.resize(seqs.size());
-  out.tables.resize(seqs.size());
   out.batch.seqs.resize(seqs.size());
   for (unsigned i = 0; i < seqs.size(); ++i) {
     auto s = seqs[i];
-    out.tokens[i] = to_vector<token_id>(s.getTokens());
-    out.tables[i] = to_vector<int32_t>(s.getBlockTable());
+    std::vector<int32_t>& table = out.tables[s.getSeq()];
+    const auto delta = s.getBlockTable();
+    const uint32_t from = static_cast<uint32_t>(std::max(s.getTableFrom(), 0));
+    if (from > table.size()) {
+      throw std::runtime_error("a step's block table starts at block " + std::to_string(from) + " of sequence " +
+                               std::to_string(s.getSeq()) + ", whose earlier blocks this shard never received");
+    }
+    const std::span<const int32_t> blocks = view_of(delta);
+    table.resize(from);
+    table.insert(table.end(), blocks.begin(), blocks.end());
     sequence_step& st = out.batch.seqs[i];
     st.seq_id = s.getSeq();
-    st.tokens = out.tokens[i];
+    st.tokens = view_of(s.getTokens());
     st.start_pos = s.getStartPos();
-    st.block_table = out.tables[i];
+    st.block_table = table;
     st.sample = s.getSample();
     st.sampling = sampling_of(s.getSampling());
     st.want_logits = s.getWantLogits();

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -34,16 +35,21 @@ std::pair<sequence_spec, std::vector<std::string>> sequence_of(proto::GenerateRe
 void set_sampling(proto::Sampling::Builder b, const sampling_params& p);
 sampling_params sampling_of(proto::Sampling::Reader r);
 
+// Block tables travel as deltas (sequence_step::table_from); `forget`: sequences that ended.
 owned<proto::StepRequest> to_wire(uint64_t step_id, const step_batch& batch,
-                                  const std::vector<std::pair<block_id, block_id>>& copies);
+                                  const std::vector<std::pair<block_id, block_id>>& copies,
+                                  const std::vector<seq_id>& forget = {});
 
-// A step request unpacked into storage a step_batch can point into.
+// The shard's side of a step request: every running sequence's block table, rebuilt from the
+// deltas (applying a step twice, as a re-run after a crash does, gives the same tables), and
+// the step_batch of the request being run. Its tokens point into the request message, which
+// must outlive the batch's use.
 struct step_storage {
-  std::vector<std::vector<token_id>> tokens;
-  std::vector<std::vector<int32_t>> tables;
+  std::unordered_map<seq_id, std::vector<int32_t>> tables;
   std::vector<std::pair<int32_t, int32_t>> copies;
   step_batch batch;
 };
+// Throws std::runtime_error when a delta starts past the table this storage holds.
 void unpack(proto::StepRequest::Reader r, step_storage& out);
 
 owned<proto::StepReply> to_wire(uint64_t step_id, const step_result& r, double seconds);

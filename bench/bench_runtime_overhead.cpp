@@ -121,7 +121,7 @@ core_run run_core(const setup& s) {
     lap(3);
     step_batch batch = sched.finalize(reply_in);
     lap(4);
-    auto step_msg = to_wire(++step_id, batch, reply_in.copies);
+    auto step_msg = to_wire(++step_id, batch, reply_in.copies, sched.take_forgotten());
     unpack(step_msg.get(), storage);
     lap(5);
     be.execute(storage.batch, result);
@@ -189,7 +189,7 @@ sheddable = false
 // runtime::start wires them, with the zero-cost sim backend in place of the configured one.
 actor_run run_actors(const setup& s, bool simulated_shard) {
   caf::actor_system_config sys_cfg;
-  sys_cfg.set("scheduler.max-threads", static_cast<size_t>(std::max(2u, std::thread::hardware_concurrency())));
+  configure_actor_system(sys_cfg);
   caf::actor_system sys{sys_cfg};
   const runtime_config cfg = config_for(s);
   const sim::sim_profile profile = zero_cost_profile(s);

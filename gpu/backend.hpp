@@ -23,6 +23,9 @@ struct sequence_step {
   bool sample = false;          // choose the next token after the chunk's last position
   sampling_params sampling;
   bool want_logits = false;     // also return the last position's logits
+  // Between actors and processes only: the step's receiver already has block_table[0,
+  // table_from) from earlier steps, so a step request carries the rest (backends ignore it).
+  int32_t table_from = 0;
 };
 
 struct step_batch {

@@ -77,8 +77,9 @@ struct KvEntry {
 
 struct KvCommit {
   seq @0 :UInt64;
-  tokens @1 :List(Int32);
+  tokens @1 :List(Int32);      # from full block firstBlock to computed
   computed @2 :Int32;
+  firstBlock @3 :Int32;        # the blocks before it were committed before (a delta)
 }
 
 struct KvReply {
@@ -94,7 +95,8 @@ struct KvGrant {
   seq @0 :UInt64;
   granted @1 :Bool;
   cachedTokens @2 :Int32;      # for admitted sequences: prompt tokens already in the cache
-  table @3 :List(Int32);       # the sequence's whole block table when granted
+  table @3 :List(Int32);       # the sequence's block table from tableFrom on, when granted
+  tableFrom @4 :Int32;         # the blocks before it are those of the last grant (a delta)
 }
 
 struct BlockCopy {
@@ -107,16 +109,18 @@ struct StepRequest {
   stepId @0 :UInt64;
   seqs @1 :List(SeqStep);
   copies @2 :List(BlockCopy);
+  forget @3 :List(UInt64);     # sequences that ended: the shard drops its copy of their tables
 }
 
 struct SeqStep {
   seq @0 :UInt64;
   tokens @1 :List(Int32);
   startPos @2 :Int32;
-  blockTable @3 :List(Int32);
+  blockTable @3 :List(Int32);  # from tableFrom on: the shard keeps each sequence's table
   sample @4 :Bool;
   sampling @5 :Common.Sampling;
   wantLogits @6 :Bool;
+  tableFrom @7 :Int32;         # the shard has the blocks before it from earlier steps
 }
 
 struct StepReply {

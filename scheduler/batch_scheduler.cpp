@@ -22,6 +22,7 @@ bool batch_scheduler::cancel(seq_id seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return false;
   if (it->second.running) releases_.push_back(seq);
+  if (it->second.shard_has > 0) forgotten_.push_back(seq);
   seqs_.erase(it);
   return true;
 }
@@ -301,6 +302,8 @@ step_batch batch_scheduler::finalize(const kv_reply& reply) {
     s.computed = 0;
     s.committed_blocks = 0;
     s.table.clear();
+    if (s.shard_has > 0) forgotten_.push_back(p);
+    s.shard_has = 0;
     ++s.preemptions;
     pending_events_.push_back({scheduler_event::kind::preempted, p, {}, {}});
   }
@@ -320,7 +323,10 @@ step_batch batch_scheduler::finalize(const kv_reply& reply) {
       s.computed = g.cached_tokens;
       s.cached_tokens += g.cached_tokens;
     }
-    s.table = g.table;
+    assert(g.table_from <= static_cast<int32_t>(s.table.size()));
+    s.table.resize(static_cast<size_t>(g.table_from));
+    s.table.insert(s.table.end(), g.table.begin(), g.table.end());
+    s.shard_has = std::min(s.shard_has, g.table_from);
     const int32_t end = std::min({static_cast<int32_t>(s.tokens.size()),
                                   static_cast<int32_t>(s.table.size()) * limits_.block_size,
                                   plan_[i].positions});
@@ -331,6 +337,8 @@ step_batch batch_scheduler::finalize(const kv_reply& reply) {
     st.tokens = std::span<const token_id>(s.tokens.data() + s.computed, static_cast<size_t>(n));
     st.start_pos = s.computed;
     st.block_table = s.table;
+    st.table_from = std::min(s.shard_has, static_cast<int32_t>(s.table.size()));
+    s.shard_has = static_cast<int32_t>(s.table.size());
     st.sample = s.computed + n == static_cast<int32_t>(s.tokens.size());
     st.sampling = s.spec.sampling;
     batch_.seqs.push_back(st);
@@ -370,14 +378,17 @@ std::vector<scheduler_event> batch_scheduler::commit(const step_result& result, 
         e.preemptions = s.preemptions;
         events.push_back(std::move(e));
         releases_.push_back(s.spec.id);
+        forgotten_.push_back(s.spec.id);
         seqs_.erase(it);
         continue;
       }
     }
     const int32_t full = s.computed / limits_.block_size;
     if (full > s.committed_blocks) {
+      const auto from = s.tokens.begin() + static_cast<ptrdiff_t>(s.committed_blocks) * limits_.block_size;
+      commits_.push_back({s.spec.id, std::vector<token_id>(from, s.tokens.begin() + s.computed), s.computed,
+                          s.committed_blocks});
       s.committed_blocks = full;
-      commits_.push_back({s.spec.id, std::vector<token_id>(s.tokens.begin(), s.tokens.begin() + s.computed), s.computed});
     }
   }
   batch_seqs_.clear();

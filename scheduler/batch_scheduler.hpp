@@ -16,6 +16,7 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu/backend.hpp"
@@ -121,6 +122,9 @@ class batch_scheduler {
   int32_t cached_tokens(seq_id seq) const;
   // Tokens the sequence holds (prompt and generated), 0 when unknown.
   int32_t tokens_of(seq_id seq) const;
+  // Sequences that ended or lost their blocks since the last call: the shard may drop its
+  // copy of their block tables (steps carry tables as deltas, sequence_step::table_from).
+  std::vector<seq_id> take_forgotten() { return std::exchange(forgotten_, {}); }
 
  private:
   struct sequence {
@@ -134,6 +138,7 @@ class batch_scheduler {
     int32_t cached_tokens = 0;
     int32_t committed_blocks = 0;  // full blocks already offered to the prefix cache
     std::vector<block_id> table;
+    int32_t shard_has = 0;         // leading table entries the shard got in earlier steps
     int64_t first_token_at = -1;   // the `now` of the commit that produced it
     bool paused() const { return spec.token_window > 0 && window <= 0; }
     // When the next token is due (nanoseconds); INT64_MAX without a deadline.
@@ -159,6 +164,7 @@ class batch_scheduler {
   scheduler_limits limits_;
   std::map<seq_id, sequence> seqs_;
   std::vector<seq_id> releases_;
+  std::vector<seq_id> forgotten_;
   std::vector<planned> plan_;
   std::vector<seq_id> batch_seqs_;  // the sequences of the step being run, in batch order
   step_batch batch_;

@@ -214,11 +214,12 @@ struct block_manager::impl {
   }
 
   // Extends seq's registered prefix over its full blocks [chain.size(), n_full).
-  void register_blocks(sequence& s, std::span<const token_id> tokens, int32_t n_full) {
+  // tokens: from full block first_block on (whose earlier blocks are in s.chain).
+  void register_blocks(sequence& s, std::span<const token_id> tokens, int32_t n_full, int32_t first_block = 0) {
     const size_t bs = config.block_size;
     for (size_t k = s.chain.size(); k < static_cast<size_t>(n_full); ++k) {
       chain_link parent = k == 0 ? chain_link{} : s.chain[k - 1];
-      auto block_tokens = tokens.subspan(k * bs, bs);
+      auto block_tokens = tokens.subspan((k - static_cast<size_t>(first_block)) * bs, bs);
       uint64_t hash = hasher(parent.hash, block_tokens);
       block& b = blocks[s.table[k]];
       if (b.gen != 0) {
@@ -360,6 +361,21 @@ void block_manager::commit(seq_id seq, std::span<const token_id> tokens, int32_t
         seq, n_computed, tokens.size(), s.n_positions));
   if (!m.config.prefix_caching) return;
   m.register_blocks(s, tokens, n_computed / m.config.block_size);
+}
+
+void block_manager::commit_from(seq_id seq, int32_t first_block, std::span<const token_id> tokens,
+                                int32_t n_computed) {
+  impl& m = *impl_;
+  sequence& s = m.find(seq, "commit_from");
+  const int64_t first = static_cast<int64_t>(first_block) * m.config.block_size;
+  if (first_block < 0 || n_computed < first || static_cast<size_t>(n_computed - first) > tokens.size() ||
+      n_computed > s.n_positions)
+    throw std::logic_error(fmt::format(
+        "block_manager::commit_from: sequence {} from block {} with {} computed positions, {} tokens and {} "
+        "positions",
+        seq, first_block, n_computed, tokens.size(), s.n_positions));
+  if (!m.config.prefix_caching || s.chain.size() < static_cast<size_t>(first_block)) return;
+  m.register_blocks(s, tokens, n_computed / m.config.block_size, first_block);
 }
 
 void block_manager::release(seq_id seq) {

@@ -87,6 +87,10 @@ class block_manager {
   // After positions [0, n_computed) of seq hold `tokens[0, n_computed)`: registers its full
   // blocks in the prefix cache (no-op without prefix caching).
   void commit(seq_id seq, std::span<const token_id> tokens, int32_t n_computed);
+  // The same with the tokens from full block `first_block` on only (positions
+  // [first_block * block_size, n_computed)): the blocks before it were committed earlier.
+  // Registers nothing when the sequence's registered prefix ends before first_block.
+  void commit_from(seq_id seq, int32_t first_block, std::span<const token_id> tokens, int32_t n_computed);
 
   // Ends a sequence (finished, cancelled or preempted): drops its references. Blocks that
   // hold a cached prefix stay findable until evicted.

@@ -136,7 +136,10 @@ engine_core::granted_step engine_core::granted(const kv_reply& reply, int64_t no
       shape_.prefill_tokens += static_cast<double>(s.tokens.size());
     }
   }
-  if (!g.batch.seqs.empty()) return g;
+  if (!g.batch.seqs.empty()) {
+    g.forget = core_.take_forgotten();  // they go with a step; a step that did not run keeps them
+    return g;
+  }
   deliver(core_.commit(step_result{}, now), now);
   stepping_ = false;
   fail_unplaceable(reply);

@@ -80,6 +80,7 @@ class engine_core {
   struct granted_step {
     step_batch batch;  // empty: nothing ran (the step is over); spans valid until commit/abort
     std::vector<std::pair<block_id, block_id>> copies;
+    std::vector<seq_id> forget;  // the shard may drop these sequences' block tables
     bool propose_again = false;  // nothing ran, but proposing again may place something
   };
   // The KV pool's answer to propose()'s request.

@@ -18,7 +18,7 @@ class planner {
       if (blocks_.has(s)) blocks_.release(s);
     }
     for (const kv_commit& c : req_.commits) {
-      if (blocks_.has(c.seq)) blocks_.commit(c.seq, c.tokens, c.computed);
+      if (blocks_.has(c.seq)) blocks_.commit_from(c.seq, c.first_block, c.tokens, c.computed);
     }
     for (size_t i = 0; i < req_.entries.size(); ++i) grant(i);
     reply_.stats = blocks_.stats();
@@ -76,8 +76,12 @@ class planner {
     }
     if (placed) {
       g.granted = true;
+      // Only blocks from the first one the step writes can differ from the last grant's: it
+      // grows the table there, and copy-on-write replaces shared blocks from there on.
       const auto table = blocks_.table(e.seq);
-      g.table.assign(table.begin(), table.end());
+      const int32_t from = e.admit ? 0 : e.write_from / blocks_.config().block_size;
+      g.table_from = std::min(from, static_cast<int32_t>(table.size()));
+      g.table.assign(table.begin() + g.table_from, table.end());
       return;
     }
     if (!e.admit) {  // a running sequence that cannot continue: preempted itself

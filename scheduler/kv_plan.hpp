@@ -23,8 +23,9 @@ struct kv_entry {
 
 struct kv_commit {
   seq_id seq = 0;
-  std::vector<token_id> tokens;  // the sequence's tokens, at least `computed` of them
+  std::vector<token_id> tokens;  // the sequence's tokens from full block first_block to `computed`
   int32_t computed = 0;
+  int32_t first_block = 0;       // the blocks before it were committed before (a delta)
 };
 
 struct kv_request {
@@ -37,6 +38,9 @@ struct kv_grant {
   seq_id seq = 0;
   bool granted = false;
   int32_t cached_tokens = 0;
+  // The sequence's block table from index table_from on (a delta): the blocks before it are
+  // those of the last grant. An admission's grant carries the whole table (table_from = 0).
+  int32_t table_from = 0;
   std::vector<block_id> table;
 };
 

@@ -302,6 +302,30 @@ TEST(block_manager, generated_tokens_are_cached_once_their_blocks_are_full) {
   EXPECT_EQ(admit_and_commit(m, 2, tokens), 32);
 }
 
+TEST(block_manager, committing_only_the_new_blocks_caches_what_committing_everything_does) {
+  block_manager m(pool(16));
+  auto tokens = prompt_of(10);
+  ASSERT_EQ(m.admit(1, tokens, 10), 0);
+  int32_t committed_blocks = 0;
+  for (token_id t = 0; t < 30; ++t) {
+    tokens.push_back(t);
+    ASSERT_TRUE(m.grow(1, static_cast<int32_t>(tokens.size())));
+    const int32_t full = static_cast<int32_t>(tokens.size()) / 16;
+    if (full == committed_blocks) continue;
+    const std::span<const token_id> delta(tokens.data() + committed_blocks * 16, tokens.size() - committed_blocks * 16);
+    m.commit_from(1, committed_blocks, delta, static_cast<int32_t>(tokens.size()));
+    committed_blocks = full;
+    m.check_invariants();
+  }
+  const auto a = table_of(m, 1);
+  EXPECT_TRUE(m.is_cached(a[0]));
+  EXPECT_TRUE(m.is_cached(a[1]));
+  EXPECT_FALSE(m.is_cached(a[2]));
+  EXPECT_EQ(admit_and_commit(m, 2, tokens), 32);
+  // A delta past the registered prefix (a gap) registers nothing, and a short one is a bug.
+  EXPECT_THROW(m.commit_from(2, 1, std::span<const token_id>(tokens.data(), 4), 40), std::logic_error);
+}
+
 TEST(block_manager, prepare_write_copies_a_shared_block_and_reports_the_copy) {
   block_manager m(pool(16));
   const auto prompt = prompt_of(40);

@@ -45,6 +45,15 @@ class engine_loop {
       collect();
       return true;
     }
+    // The shard's copies of the block tables: what a step sends, less what it says to forget.
+    for (seq_id s : g.forget) shard_tables_.erase(s);
+    for (const sequence_step& s : g.batch.seqs) {
+      auto& table = shard_tables_[s.seq_id];
+      EXPECT_LE(static_cast<size_t>(s.table_from), table.size()) << "a delta past what the shard has";
+      table.resize(static_cast<size_t>(s.table_from));
+      table.insert(table.end(), s.block_table.begin() + s.table_from, s.block_table.end());
+      EXPECT_TRUE(std::equal(table.begin(), table.end(), s.block_table.begin(), s.block_table.end()));
+    }
     if (step_seconds < 0) step_seconds = -step_seconds * prior_cost(g.batch);
     now_ += static_cast<int64_t>(step_seconds * 1e9);
     if (fail) {
@@ -73,6 +82,7 @@ class engine_loop {
   int32_t tokens(seq_id id) const { return tokens_.count(id) ? tokens_.at(id) : 0; }
   int ended(seq_id id) const { return ended_.count(id) ? ended_.at(id) : 0; }
   int32_t used(seq_id id) const { return used_.count(id) ? used_.at(id) : 0; }
+  const std::map<seq_id, std::vector<int32_t>>& shard_tables() const { return shard_tables_; }
 
  private:
   void collect() {
@@ -98,6 +108,7 @@ class engine_loop {
   std::map<seq_id, outcome> outcomes_;
   std::map<seq_id, int32_t> tokens_, used_;
   std::map<seq_id, int> ended_;
+  std::map<seq_id, std::vector<int32_t>> shard_tables_;
 };
 
 engine_options small_engine() {
@@ -135,6 +146,18 @@ TEST(engine_core, every_request_ends_once_with_its_usage_timings_and_degradation
   e.add(3, 4, 1);
   e.run();
   EXPECT_EQ(e.blocks().stats().free, e.blocks().stats().total);
+}
+
+TEST(engine_core, block_tables_reach_the_shard_as_deltas_and_ended_sequences_are_forgotten) {
+  engine_options o = small_engine();
+  o.limits.max_step_tokens = 8;  // prompts in chunks: tables grow over several steps
+  engine_loop e(o, /*n_blocks=*/24);
+  for (seq_id id = 1; id <= 12; ++id) e.add(id, 9 + static_cast<int32_t>(id), 12);  // preemptions too
+  e.run();
+  for (seq_id id = 1; id <= 12; ++id) ASSERT_EQ(e.ended(id), 1) << id;
+  e.add(13, 4, 2);  // the next step carries what ended before it
+  e.run();
+  EXPECT_LE(e.shard_tables().size(), 1u) << "the shard keeps tables of sequences that ended";
 }
 
 TEST(engine_core, a_step_that_failed_for_good_fails_its_requests_and_the_engine_goes_on) {
