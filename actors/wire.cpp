@@ -87,7 +87,7 @@ engine_credits from_wire(proto::Credits::Reader r) {
 }
 
 owned<proto::TokenChunk> to_wire(seq_id seq, const std::vector<token_id>& tokens, int64_t first_token_ns) {
-  owned<proto::TokenChunk> m(32);
+  owned<proto::TokenChunk> m(8);  // words: one chunk of a decode step fits
   auto b = m.init();
   b.setRequestId(seq);
   fill(b.initTokens(static_cast<unsigned>(tokens.size())), tokens);

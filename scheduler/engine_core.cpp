@@ -162,7 +162,7 @@ void engine_core::observe_step(double seconds) {
 
 void engine_core::commit(const step_result& result, double seconds, int64_t now) {
   observe_step(seconds);
-  const auto events = core_.commit(result, now);
+  auto events = core_.commit(result, now);
   const auto finished = std::count_if(events.begin(), events.end(), [](const scheduler_event& e) {
     return e.what == scheduler_event::kind::finished;
   });
@@ -170,7 +170,7 @@ void engine_core::commit(const step_result& result, double seconds, int64_t now)
   const double w = finish_rate_seeded_ ? 1.0 - std::exp(-dt / o_.rate_window_seconds) : 1.0;
   finished_per_second_ += w * (static_cast<double>(finished) / dt - finished_per_second_);
   finish_rate_seeded_ = true;
-  deliver(events, now);
+  deliver(std::move(events), now);
   stepping_ = false;
 }
 
@@ -181,15 +181,15 @@ void engine_core::abort(const std::string& why) {
   stepping_ = false;
 }
 
-void engine_core::deliver(const std::vector<scheduler_event>& events, int64_t now) {
-  for (const scheduler_event& e : events) {
+void engine_core::deliver(std::vector<scheduler_event> events, int64_t now) {
+  for (scheduler_event& e : events) {
     auto it = requests_.find(e.seq);
     if (it == requests_.end()) continue;
     request_info& info = it->second;
     if (e.what == scheduler_event::kind::tokens) {
       engine_delivery d;
       d.seq = e.seq;
-      d.tokens = e.tokens;
+      d.tokens = std::move(e.tokens);
       if (info.first_token_ns < 0) d.first_token_ns = info.first_token_ns = now;
       deliveries_.push_back(std::move(d));
     } else if (e.what == scheduler_event::kind::finished) {

@@ -112,7 +112,7 @@ class engine_core {
   void fail(seq_id id, const std::string& why);
   void refuse_late(int64_t now);
   void fail_unplaceable(const kv_reply& reply);
-  void deliver(const std::vector<scheduler_event>& events, int64_t now);
+  void deliver(std::vector<scheduler_event> events, int64_t now);
   void observe_step(double seconds);
 
   engine_options o_;
