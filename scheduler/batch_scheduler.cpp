@@ -109,6 +109,8 @@ std::vector<size_t> batch_scheduler::prefill_order(const std::vector<const seque
     int rank;        // 0: feasible, 1: no deadline, 2: past its deadline (not sheddable), 3: infeasible
     int64_t due;     // rank 0 only
     size_t at;       // keep order
+    double seconds = 0;     // rank 0: its remaining prefill on an idle engine
+    bool started = false;   // rank 0: some of it was computed
   };
   std::vector<candidate> c;
   for (size_t k = first; k < last; ++k) {
@@ -126,7 +128,8 @@ std::vector<size_t> batch_scheduler::prefill_order(const std::vector<const seque
     } else if (s.generated == 0 && s.computed == 0 && s.spec.start_by == 0 && due < now) {
       c.push_back({2, due, k});
     } else {
-      c.push_back({0, due, k});
+      const auto left = static_cast<int32_t>(s.tokens.size()) - s.computed;
+      c.push_back({0, due, k, idle_prefill_seconds(left, time, limits_.max_step_tokens), s.computed > 0 || s.generated > 0});
     }
   }
   std::sort(c.begin(), c.end(), [](const candidate& x, const candidate& y) {
@@ -134,6 +137,31 @@ std::vector<size_t> batch_scheduler::prefill_order(const std::vector<const seque
     if (x.due != y.due) return x.due < y.due;
     return x.at < y.at;
   });
+  if (limits_.most_on_time && !limits_.least_slack && time.per_prefill_token > 0) {
+    // The most prompts that can meet their deadlines together (Moore-Hodgson): in deadline
+    // order, when the next one would be late even at the idle prefill rate, the longest of
+    // those not yet started goes after the others (a burst of a tier's own prompts that is
+    // feasible one by one, not together: the longest waits, the rest are on time). A
+    // sheddable prompt deferred past its start bound is refused unstarted (take_late).
+    const size_t n0 = static_cast<size_t>(std::count_if(c.begin(), c.end(), [](const candidate& x) { return x.rank == 0; }));
+    std::vector<bool> deferred(n0, false);
+    double t = static_cast<double>(now) * 1e-9;
+    for (size_t j = 0; j < n0; ++j) {
+      t += c[j].seconds;
+      if (t <= static_cast<double>(c[j].due) * 1e-9) continue;
+      size_t longest = n0;
+      for (size_t i = 0; i <= j; ++i) {
+        if (deferred[i] || c[i].started) continue;
+        if (longest == n0 || c[i].seconds > c[longest].seconds) longest = i;
+      }
+      if (longest == n0) continue;
+      deferred[longest] = true;
+      t -= c[longest].seconds;
+    }
+    std::vector<candidate> on_time, later;
+    for (size_t i = 0; i < n0; ++i) (deferred[i] ? later : on_time).push_back(c[i]);
+    std::copy(later.begin(), later.end(), std::copy(on_time.begin(), on_time.end(), c.begin()));
+  }
   std::vector<size_t> out;
   out.reserve(c.size());
   for (const candidate& x : c) out.push_back(placed[x.at]);

@@ -34,6 +34,10 @@ struct scheduler_limits {
   // engine), infeasible prompts included: the least-slack peer policy. Default: earliest
   // deadline first, infeasible prompts last.
   bool least_slack = false;
+  // Within a tier, when its feasible prompts cannot all meet their deadlines together, the
+  // longest unstarted ones go last, so that the most of them are on time (see prefill_order;
+  // not with least_slack).
+  bool most_on_time = true;
 };
 
 // Prompt tokens a step computes whatever its time budget, while a prompt waits: the least

@@ -142,6 +142,27 @@ TEST(batch_scheduler, within_a_tier_prefill_goes_by_earliest_deadline_and_severa
   EXPECT_LE(s.token_times(3)[0] - start, 500'000'000);
 }
 
+TEST(batch_scheduler, a_burst_feasible_one_by_one_but_not_together_keeps_the_most_on_time) {
+  // Four prompts of one tier at once, each due in 500 ms: ~0.35 s of prefill for the first,
+  // ~0.1 s for each of the others; together more than the deadline allows. In deadline order
+  // (the first came first) the long one makes the short ones late; with the longest last, the
+  // short ones are on time.
+  std::map<bool, int> on_time;
+  for (const bool most_on_time : {false, true}) {
+    stepper s({.max_step_tokens = 4096, .max_step_seqs = 32, .most_on_time = most_on_time});
+    s.add(1, 2, 3500, 4, 500);
+    for (seq_id id : {2, 3, 4}) s.add(id, 2, 1000, 4, 500);
+    for (int i = 0; i < 40; ++i) s.run(fifty_ms_steps());
+    for (seq_id id : {1, 2, 3, 4}) {
+      ASSERT_FALSE(s.token_times(id).empty()) << id;
+      on_time[most_on_time] += s.token_times(id)[0] - 1'000'000'000 <= 500'000'000;
+    }
+    if (most_on_time) EXPECT_GT(s.token_times(1)[0], s.token_times(4)[0]) << "the longest went last";
+  }
+  EXPECT_LE(on_time[false], 2) << "deadline order";
+  EXPECT_GE(on_time[true], 3) << "longest last";
+}
+
 TEST(batch_scheduler, the_least_slack_peer_prefills_the_prompt_with_the_least_time_to_spare_first) {
   // Request 1's deadline is the earliest, but request 2 has less slack: ~0.9 s of prefill due
   // in 1 s, against request 1's 30 ms in 500 ms. Earliest deadline first picks 1, least slack 2.
