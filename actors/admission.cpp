@@ -9,6 +9,7 @@
 #include "actors/messages.hpp"
 #include "actors/wire.hpp"
 #include "protocol/outcome_wire.hpp"
+#include "protocol/reason_names.hpp"
 #include "scheduler/admission_gate.hpp"
 
 namespace tireless {
@@ -42,7 +43,7 @@ int64_t now_ns(caf::local_actor* self) {
 void reject(self_ptr self, const caf::actor& session, uint64_t id, refusal why, const std::string& message,
             int64_t retry_after_ms) {
   outcome_msg m(64);
-  to_wire(rejected_outcome(id, to_wire(why), message, retry_after_ms), m.init());
+  to_wire(rejected_outcome(id, proto::reason_name(to_wire(why)), message, retry_after_ms), m.init());
   self->send(session, std::move(m));
 }
 

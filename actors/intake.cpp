@@ -84,17 +84,12 @@ std::optional<admission_decision> intake::refuse_at_once(uint64_t id, const requ
 uint64_t intake::submit(request r, runtime::token_callback on_token, runtime::outcome_callback on_outcome) {
   const uint64_t id = next_id_++;
   auto refuse = [&](std::string_view reason, std::string message, int64_t retry_after) {
-    outcome o;
-    o.request_id = id;
-    o.kind = outcome_kind::rejected;
-    o.reason = std::string(reason);
-    o.message = std::move(message);
-    o.retry_after_ms = retry_after;
+    outcome o = rejected_outcome(id, reason, std::move(message), retry_after);
     done(o, false);
     if (on_outcome) on_outcome(o);
     return id;
   };
-  if (!accepting_.load()) return refuse("shutting_down", "the runtime is shutting down", -1);
+  if (!accepting_.load()) return refuse(reason::shutting_down, "the runtime is shutting down", -1);
   // Without tenants in the config every request is the first tier's (an embedding host that
   // authenticates its own users); with tenants, the key decides.
   const tier_settings* tier = &config_.tiers.front();
@@ -102,7 +97,7 @@ uint64_t intake::submit(request r, runtime::token_callback on_token, runtime::ou
   if (!config_.tenants.empty()) {
     auto t = tenant_by_key_.find(r.api_key);
     if (t == tenant_by_key_.end()) {
-      return refuse("unauthenticated", r.api_key.empty() ? "no API key given" : "unknown API key", -1);
+      return refuse(reason::unauthenticated, r.api_key.empty() ? "no API key given" : "unknown API key", -1);
     }
     tenant = t->second->name;
     tier = config_.find_tier(t->second->tier);
@@ -112,7 +107,7 @@ uint64_t intake::submit(request r, runtime::token_callback on_token, runtime::ou
     return refuse(proto::reason_name(to_wire(d->reason)), std::move(d->message), d->retry_after_ms);
   }
   if (!door_.enter()) {
-    return refuse("overloaded", fmt::format("{} requests are already inside the runtime", door_.capacity()), 1000);
+    return refuse(reason::overloaded, fmt::format("{} requests are already inside the runtime", door_.capacity()), 1000);
   }
   auto reporter = std::make_shared<request_reporter>(id, std::move(on_token), std::move(on_outcome),
                                                      [this](const outcome& o) { done(o, true); });

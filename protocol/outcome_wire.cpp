@@ -72,23 +72,4 @@ outcome from_wire(proto::Outcome::Reader r) {
   return o;
 }
 
-outcome rejected_outcome(uint64_t id, proto::Rejection::Reason why, std::string message, int64_t retry_after_ms) {
-  outcome o;
-  o.request_id = id;
-  o.kind = outcome_kind::rejected;
-  o.reason = proto::reason_name(why);
-  o.message = std::move(message);
-  o.retry_after_ms = retry_after_ms;
-  return o;
-}
-
-outcome failed_outcome(uint64_t id, std::string message) {
-  outcome o;
-  o.request_id = id;
-  o.kind = outcome_kind::failed;
-  o.reason = "error";
-  o.message = std::move(message);
-  return o;
-}
-
 }  // namespace tireless

@@ -12,8 +12,4 @@ namespace tireless {
 void to_wire(const outcome& o, proto::Outcome::Builder b);
 outcome from_wire(proto::Outcome::Reader r);
 
-// Shorthands for the outcomes the runtime's actors make.
-outcome rejected_outcome(uint64_t id, proto::Rejection::Reason why, std::string message, int64_t retry_after_ms);
-outcome failed_outcome(uint64_t id, std::string message);
-
 }  // namespace tireless

@@ -69,11 +69,7 @@ void engine_core::end(seq_id id, outcome o, int32_t used_tokens) {
 
 void engine_core::fail(seq_id id, const std::string& why) {
   if (!requests_.count(id)) return;
-  outcome o;
-  o.kind = outcome_kind::failed;
-  o.reason = reason::error;
-  o.message = why;
-  end(id, std::move(o), core_.tokens_of(id));
+  end(id, failed_outcome(id, why), core_.tokens_of(id));
   core_.cancel(id);
 }
 
@@ -84,14 +80,14 @@ void engine_core::refuse_late(int64_t now) {
     auto it = requests_.find(id);
     if (it == requests_.end()) continue;
     const int64_t waited_ms = (now - it->second.arrival_ns) / 1'000'000;
-    outcome o;
-    o.kind = outcome_kind::rejected;
-    o.reason = reason::overloaded;
-    o.retry_after_ms = std::max<int64_t>(100, waited_ms - it->second.ttft_target_ms);
-    o.message = fmt::format("admitted, but it waited {} ms for the engine and cannot start within its tier's bound "
-                            "(start_within_ms): refused before any work was spent on it; retry in {} ms",
-                            waited_ms, o.retry_after_ms);
-    end(id, std::move(o), 0);
+    const int64_t retry_ms = std::max<int64_t>(100, waited_ms - it->second.ttft_target_ms);
+    end(id,
+        rejected_outcome(id, reason::overloaded,
+                         fmt::format("admitted, but it waited {} ms for the engine and cannot start within its tier's "
+                                     "bound (start_within_ms): refused before any work was spent on it; retry in {} ms",
+                                     waited_ms, retry_ms),
+                         retry_ms),
+        0);
     ++late_refusals_;
   }
 }

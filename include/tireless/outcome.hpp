@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace tireless {
@@ -38,5 +39,24 @@ struct outcome {
   std::string text;             // everything generated (after stop handling)
   std::vector<int32_t> tokens;  // every generated token id
 };
+
+// The outcomes the runtime makes itself.
+inline outcome rejected_outcome(uint64_t id, std::string_view why, std::string message, int64_t retry_after_ms) {
+  outcome o;
+  o.request_id = id;
+  o.kind = outcome_kind::rejected;
+  o.reason = why;
+  o.message = std::move(message);
+  o.retry_after_ms = retry_after_ms;
+  return o;
+}
+inline outcome failed_outcome(uint64_t id, std::string message) {
+  outcome o;
+  o.request_id = id;
+  o.kind = outcome_kind::failed;
+  o.reason = reason::error;
+  o.message = std::move(message);
+  return o;
+}
 
 }  // namespace tireless
