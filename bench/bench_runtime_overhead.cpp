@@ -133,11 +133,8 @@ core_run run_core(const setup& s) {
     lap(6);
     for (const scheduler_event& e : events) {
       if (e.what != scheduler_event::kind::tokens) continue;
-      owned<proto::TokenChunk> m(32);
-      auto b = m.init();
-      b.setRequestId(e.seq);
-      auto list = b.initTokens(static_cast<unsigned>(e.tokens.size()));
-      for (unsigned i = 0; i < e.tokens.size(); ++i) list.set(i, e.tokens[i]);
+      auto m = to_wire(e.seq, e.tokens, -1);  // as the engine builds it
+      (void)m;
       if (timed) tokens += static_cast<int64_t>(e.tokens.size());
     }
     lap(8);

@@ -263,7 +263,7 @@ TEST(engine_core, credits_give_the_waiting_room_and_the_load_admission_predicts_
   ASSERT_EQ(c.load.waiting_by_priority.size(), 1u);
   EXPECT_EQ(c.load.waiting_by_priority[0].requests, c.load.waiting);
   EXPECT_EQ(c.load.max_step_seqs, 1);
-  EXPECT_GT(c.load.step_observations, 0);
+  EXPECT_EQ(c.load.step_observations, 8 + 1);  // the prior's weight, then the step that ran
   EXPECT_EQ(c.load.max_step_tokens, o.limits.max_step_tokens);  // no time target: the token limit
 }
 
