@@ -168,27 +168,31 @@ std::vector<size_t> batch_scheduler::prefill_order(const std::vector<const seque
   return out;
 }
 
-double batch_scheduler::stretched_seconds(const std::vector<const sequence*>& order, const std::vector<size_t>& placed,
-                                          const std::vector<size_t>& tiers, const std::vector<std::vector<size_t>>& prefills,
-                                          const step_time_budget& time, int64_t now) const {
-  if (time.per_prefill_token <= 0 || placed.empty()) return time.seconds;
-  // The decodes that run in the longest step: the first tier's, and a lower tier's whose next
-  // token would be late if it yielded (as propose() places them). Their least slack bounds
-  // the step; the lower tiers' others yield.
+batch_scheduler::step_shape batch_scheduler::shape_step(const std::vector<const sequence*>& order,
+                                                        const std::vector<size_t>& placed, const std::vector<size_t>& tiers,
+                                                        const std::vector<std::vector<size_t>>& prefills,
+                                                        const step_time_budget& time, int64_t now) const {
+  const size_t none = prefills.size();
+  if (time.per_prefill_token <= 0 || placed.empty()) return {time.seconds, none};
+  // The decodes that run at the budget's pace: the first tier's, and a lower tier's whose next
+  // token would be late if it yielded (as propose() places them). The least slack of all
+  // decodes bounds a longer step (those with more slack than two such steps yield in it).
   int64_t decode_slack = no_deadline;
+  bool any_decode = false;
   double decode_seconds = 0;
-  const int64_t skip_is_late = now + static_cast<int64_t>(2e9 * max_step_stretch * time.seconds);
+  const int64_t skip_is_late = now + static_cast<int64_t>(2e9 * time.seconds);
   for (size_t k = 0; k < placed.size(); ++k) {
     const sequence& s = *order[placed[k]];
-    if (!is_decode(s) || (k >= tiers[1] && s.next_token_due() > skip_is_late)) continue;
+    if (!is_decode(s)) continue;
+    any_decode = true;
     decode_slack = std::min(decode_slack, s.next_token_due() - now);
-    decode_seconds += time.per_decode + time.per_context_position * s.computed;
+    if (k < tiers[1] || s.next_token_due() <= skip_is_late) decode_seconds += time.per_decode + time.per_context_position * s.computed;
   }
-  if (decode_slack <= 0) return time.seconds;
+  if (decode_slack <= 0) return {time.seconds, none};
   // The prompt first in line for prefill among those with a deadline they can meet on an
   // idle engine: the highest tier's first, in its prefill order.
-  for (const std::vector<size_t>& tier : prefills) {
-    for (size_t i : tier) {
+  for (size_t t = 0; t < prefills.size(); ++t) {
+    for (size_t i : prefills[t]) {
       const sequence& s = *order[i];
       const int64_t due = s.next_token_due();
       const auto prompt = static_cast<int32_t>(s.tokens.size());
@@ -199,13 +203,17 @@ double batch_scheduler::stretched_seconds(const std::vector<const sequence*>& or
       const double pace = std::clamp((time.seconds - time.c0 - decode_seconds) / time.per_prefill_token,
                                      static_cast<double>(min_step_prefill_tokens), static_cast<double>(limits_.max_step_tokens));
       const double steps = std::ceil((prompt - s.computed) / pace);
-      if (static_cast<double>(now) + steps * time.seconds * 1e9 <= static_cast<double>(due)) return time.seconds;
-      return std::clamp(decode_slack == no_deadline ? max_step_stretch * time.seconds
-                                                    : static_cast<double>(decode_slack) * 1e-9 * time.headroom,
-                        time.seconds, max_step_stretch * time.seconds);
+      if (static_cast<double>(now) + steps * time.seconds * 1e9 <= static_cast<double>(due)) return {time.seconds, none};
+      // Nobody waits for a token (no decode at all): a whole chunk of max_step_tokens, as on
+      // an idle engine.
+      if (!any_decode) return {std::max(time.seconds, time.c0 + time.per_prefill_token * limits_.max_step_tokens), t};
+      return {std::clamp(decode_slack == no_deadline ? max_step_stretch * time.seconds
+                                                     : static_cast<double>(decode_slack) * 1e-9 * time.headroom,
+                         time.seconds, max_step_stretch * time.seconds),
+              t};
     }
   }
-  return time.seconds;
+  return {time.seconds, none};
 }
 
 kv_request batch_scheduler::propose(const step_time_budget& time, int64_t now) {
@@ -265,28 +273,38 @@ kv_request batch_scheduler::propose(const step_time_budget& time, int64_t now) {
     // (skipping one only makes that tier's time per token worse), and prefill advances by
     // min_step_prefill_tokens, the progress admission's predictions count on (so a waiting
     // request is never starved by running decodes that fill the step's time).
-    const double seconds = stretched_seconds(order, placed, tiers, prefills, time, now);
+    const step_shape shape = shape_step(order, placed, tiers, prefills, time, now);
+    const double seconds = shape.seconds;
     double left = seconds - time.c0;
     int32_t prefill_floor = min_step_prefill_tokens;
     auto decode_cost = [&](const sequence& s) { return time.per_decode + time.per_context_position * s.computed; };
-    const int64_t skip_is_late = now + static_cast<int64_t>(2e9 * seconds);
-    for (size_t k = tiers.size() > 1 ? tiers[1] : placed.size(); k < placed.size(); ++k) {
-      const sequence& s = *order[placed[k]];
-      if (!is_decode(s) || budget <= 0 || s.next_token_due() > skip_is_late) continue;
-      tokens[placed[k]] = 1;
+    auto place_decode = [&](size_t i) {
+      tokens[i] = 1;
       --budget;
-      left -= decode_cost(s);
+      left -= decode_cost(*order[i]);
+    };
+    // Decodes whose next token would be late if they skipped this step run first: a lower
+    // tier's always; when a tier's prefill goes first, that tier's too, and then those without
+    // a deadline as well (no slack of theirs is known to spend).
+    const size_t n_tiers = tiers.size() - 1;
+    const int64_t skip_is_late = now + static_cast<int64_t>(2e9 * seconds);
+    for (size_t k = shape.prefill_first == 0 || n_tiers == 0 ? 0 : tiers[1]; k < placed.size(); ++k) {
+      const sequence& s = *order[placed[k]];
+      if (!is_decode(s) || budget <= 0) continue;
+      const int64_t due = s.next_token_due();
+      const bool yields = k >= tiers[std::min(shape.prefill_first, n_tiers)];
+      if (due <= skip_is_late || (yields && due == no_deadline)) place_decode(placed[k]);
     }
-    for (size_t t = 0; t + 1 < tiers.size(); ++t) {
+    auto place_decodes = [&](size_t t) {
       for (size_t k = tiers[t]; k < tiers[t + 1]; ++k) {
         const sequence& s = *order[placed[k]];
         if (!is_decode(s) || tokens[placed[k]] > 0 || budget <= 0) continue;
-        const double cost = decode_cost(s);
-        if (cost > left && t > 0) continue;
-        tokens[placed[k]] = 1;
-        --budget;
-        left -= cost;
+        if (decode_cost(s) > left && (t > 0 || shape.prefill_first == 0)) continue;
+        place_decode(placed[k]);
       }
+    };
+    for (size_t t = 0; t < n_tiers; ++t) {
+      if (t < shape.prefill_first) place_decodes(t);
       for (size_t i : prefills[t]) {
         if (budget <= 0) break;
         const sequence& s = *order[i];
@@ -300,6 +318,10 @@ kv_request batch_scheduler::propose(const step_time_budget& time, int64_t now) {
         prefill_floor = std::max(prefill_floor - n, 0);
       }
     }
+    // A prompt would miss its first-token deadline at the budget's pace: the decodes of its
+    // tier and below that are ahead of theirs (by two steps or more) yielded to prefill; they
+    // take what time is left.
+    for (size_t t = shape.prefill_first; t < n_tiers; ++t) place_decodes(t);
   }
   r.entries.reserve(order.size());
   plan_.reserve(order.size());

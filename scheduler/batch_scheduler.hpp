@@ -54,7 +54,8 @@ struct step_time_budget {
 // A step runs at most this many times its budget, and only while every decode in it has the
 // slack (it is ahead of its one-token-per-TPOT deadline) and a waiting prompt's first-token
 // deadline would be missed at the budget's pace. Longer steps are longer gaps between a
-// stream's tokens; three budgets stay within the mean time per token the SLO promises.
+// stream's tokens; three budgets stay within the mean time per token the SLO promises. With
+// no decode at all (nobody waits for a token), such a step takes a whole max_step_tokens chunk.
 constexpr double max_step_stretch = 3.0;
 
 // Seconds a prompt's prefill takes on an idle engine, in chunks of max_step_tokens, by the
@@ -159,11 +160,16 @@ class batch_scheduler {
                                     size_t first, size_t last, const step_time_budget& time, int64_t now) const;
   // This step's seconds: the budget's, or longer (max_step_stretch) within the decodes' slack
   // when the first prompt in line (of the highest tier, in prefill order) that can meet its
-  // deadline on an idle engine would miss it at the budget's pace.
-  // prefills: each tier's prefill_order().
-  double stretched_seconds(const std::vector<const sequence*>& order, const std::vector<size_t>& placed,
-                           const std::vector<size_t>& tiers, const std::vector<std::vector<size_t>>& prefills,
-                           const step_time_budget& time, int64_t now) const;
+  // deadline on an idle engine would miss it at the budget's pace; then from that prompt's
+  // tier on, prefill goes first: the decodes of its tier and below whose next token is not due
+  // within two steps yield to it. prefills: each tier's prefill_order().
+  struct step_shape {
+    double seconds = 0;
+    size_t prefill_first = 0;  // the first tier whose prefill goes before its decodes (none: the number of tiers)
+  };
+  step_shape shape_step(const std::vector<const sequence*>& order, const std::vector<size_t>& placed,
+                        const std::vector<size_t>& tiers, const std::vector<std::vector<size_t>>& prefills,
+                        const step_time_budget& time, int64_t now) const;
 
   scheduler_limits limits_;
   std::map<seq_id, sequence> seqs_;

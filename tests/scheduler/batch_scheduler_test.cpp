@@ -238,5 +238,26 @@ TEST(batch_scheduler, a_lower_tier_decode_yields_to_a_higher_tier_prompt_only_wi
   }
 }
 
+
+TEST(batch_scheduler, a_decode_ahead_of_its_deadline_yields_to_a_prompt_of_its_tier_or_higher_that_would_miss) {
+  // A decode due a token a second has slack; a 1800-token prompt due in 200 ms misses at the
+  // budget's pace beside it, so the decode yields when the prompt is of its tier or higher,
+  // never when it is of a lower tier.
+  for (const int32_t prompt_priority : {2, 3, 0}) {
+    stepper s({.max_step_tokens = 4096, .max_step_seqs = 32}, 1024);
+    s.add(1, 2, 10, 1000, 10'000, 1000);
+    for (int i = 0; i < 3; ++i) s.run(fifty_ms_steps());
+    ASSERT_EQ(s.token_times(1).size(), 3u);
+    s.add(2, prompt_priority, 1800, 4, 200, 50);
+    const auto step = s.run(fifty_ms_steps());
+    EXPECT_GT(step.count(2), 0u) << "priority " << prompt_priority;
+    EXPECT_EQ(step.count(1), prompt_priority >= 2 ? 0u : 1u) << "priority " << prompt_priority;
+    // The yielding decode is never late.
+    for (int i = 0; i < 40; ++i) s.run(fifty_ms_steps());
+    const std::vector<int64_t>& t = s.token_times(1);
+    for (size_t k = 1; k < t.size(); ++k) EXPECT_LE(t[k], t[0] + static_cast<int64_t>(k) * 1'000'000'000) << k;
+  }
+}
+
 }  // namespace
 }  // namespace tireless
