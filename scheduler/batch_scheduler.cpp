@@ -85,10 +85,17 @@ double idle_prefill_seconds(int32_t prompt_tokens, const step_time_budget& time,
   return prompt_tokens * time.per_prefill_token + std::ceil(prompt_tokens / chunk) * time.c0;
 }
 
+int64_t longest_pause_ns(const sequence_spec& spec) {
+  return std::max(static_cast<int64_t>(max_step_stretch * static_cast<double>(spec.tpot_target_ns)), spec.ttft_target_ns);
+}
+
 int64_t batch_scheduler::sequence::next_token_due() const {
   if (generated == 0) return spec.ttft_target_ns > 0 ? static_cast<int64_t>(spec.arrival) + spec.ttft_target_ns : no_deadline;
   if (spec.tpot_target_ns <= 0 || first_token_at < 0) return no_deadline;
-  return first_token_at + static_cast<int64_t>(generated) * spec.tpot_target_ns;
+  // One token per TPOT on average, and never a pause longer than longest_pause_ns(), however
+  // far ahead the stream ran (its slack is not spent on one long stall).
+  return std::min(first_token_at + static_cast<int64_t>(generated) * spec.tpot_target_ns,
+                  last_token_at + longest_pause_ns(spec));
 }
 
 std::vector<size_t> batch_scheduler::prefill_order(const std::vector<const sequence*>& order,
@@ -410,6 +417,7 @@ std::vector<scheduler_event> batch_scheduler::commit(const step_result& result, 
       const token_id t = result.next[i];
       s.tokens.push_back(t);
       if (s.generated++ == 0) s.first_token_at = now;
+      s.last_token_at = now;
       if (s.spec.token_window > 0) --s.window;
       events.push_back({scheduler_event::kind::tokens, s.spec.id, {t}, {}});
       std::optional<finish_reason> done;

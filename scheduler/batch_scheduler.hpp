@@ -80,6 +80,10 @@ struct sequence_spec {
   int64_t start_by = 0;  // not started by then: taken out by take_late() unstarted; 0: never
 };
 
+// The longest a running stream waits for its next token, however far ahead of its deadline
+// it is: what its tier promises for the first token, and at least max_step_stretch TPOTs.
+int64_t longest_pause_ns(const sequence_spec& spec);
+
 enum class finish_reason { stop_token, max_tokens, context_full, cancelled };
 
 struct scheduler_event {
@@ -145,8 +149,10 @@ class batch_scheduler {
     std::vector<block_id> table;
     int32_t shard_has = 0;         // leading table entries the shard got in earlier steps
     int64_t first_token_at = -1;   // the `now` of the commit that produced it
+    int64_t last_token_at = -1;    // likewise, of its latest token
     bool paused() const { return spec.token_window > 0 && window <= 0; }
-    // When the next token is due (nanoseconds); INT64_MAX without a deadline.
+    // When the next token is due (nanoseconds): by its one-token-per-TPOT deadline, and at
+    // most longest_pause_ns() after its latest token; INT64_MAX without a deadline.
     int64_t next_token_due() const;
   };
   struct planned {

@@ -259,5 +259,26 @@ TEST(batch_scheduler, a_decode_ahead_of_its_deadline_yields_to_a_prompt_of_its_t
   }
 }
 
+TEST(batch_scheduler, a_stream_far_ahead_of_its_deadline_never_pauses_longer_than_its_tier_waits_for_a_first_token) {
+  // A free stream (a token per 200 ms, the first within 400 ms) runs alone at a token a step
+  // (50 ms) for 60 steps: ~9 s ahead of its deadline. Then a premium prompt fills every step
+  // for ~3 s. The free stream yields, but never for longer than longest_pause_ns() (600 ms,
+  // max_step_stretch TPOTs here) plus the step its token ends.
+  stepper s({.max_step_tokens = 4096, .max_step_seqs = 32}, 4096);
+  s.add(1, 0, 10, 1000, 400, 200);
+  for (int i = 0; i < 60; ++i) s.run(fifty_ms_steps());
+  const size_t before = s.token_times(1).size();
+  ASSERT_GE(before, 55u);
+  s.add(2, 2, 30'000, 4, 10'000, 50);
+  bool yielded = false;
+  for (int i = 0; i < 60; ++i) yielded |= s.run(fifty_ms_steps()).count(1) == 0;
+  EXPECT_TRUE(yielded) << "the free decode never yielded to the premium prompt";
+  const std::vector<int64_t>& t = s.token_times(1);
+  ASSERT_GT(t.size(), before + 4) << "the free stream stalled behind the premium prompt";
+  for (size_t k = before; k < t.size(); ++k) {
+    EXPECT_LE(t[k] - t[k - 1], 600'000'000 + 50'000'000) << "token " << k;
+  }
+}
+
 }  // namespace
 }  // namespace tireless
