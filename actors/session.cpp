@@ -1,5 +1,6 @@
 #include "actors/session.hpp"
 
+#include <algorithm>
 #include <chrono>
 
 #include <fmt/format.h>
@@ -26,6 +27,7 @@ struct session_state {
   std::vector<int32_t> tokens;
   int64_t start_ns = 0;
   int64_t first_token_ns = -1;
+  int64_t last_token_ns = -1, longest_pause_ns = 0;  // between two token messages
   int32_t prompt_tokens = 0;
   caf::actor engine;  // learned from the first tokens
 };
@@ -43,6 +45,7 @@ outcome base_outcome(self_ptr self, outcome_kind kind, std::string reason, std::
   o.completion_tokens = static_cast<int32_t>(self->state.tokens.size());
   o.total_ms = (now_ns(self) - self->state.start_ns) / 1e6;
   if (self->state.first_token_ns >= 0) o.time_to_first_token_ms = (self->state.first_token_ns - self->state.start_ns) / 1e6;
+  o.longest_pause_ms = self->state.longest_pause_ns / 1e6;
   return o;
 }
 
@@ -106,7 +109,10 @@ void on_tokens(self_ptr self, const tokens_msg& msg) {
   auto& st = self->state;
   if (!st.engine) st.engine = caf::actor_cast<caf::actor>(self->current_sender());
   const auto r = msg.get();
-  if (st.first_token_ns < 0) st.first_token_ns = now_ns(self);
+  const int64_t now = now_ns(self);
+  if (st.first_token_ns < 0) st.first_token_ns = now;
+  if (st.last_token_ns >= 0) st.longest_pause_ns = std::max(st.longest_pause_ns, now - st.last_token_ns);
+  st.last_token_ns = now;
   token_event e;
   e.request_id = st.o.reporter->id();
   bool stop_string = false;

@@ -76,4 +76,5 @@ struct Timings {
   queuedMs @0 :Float64;          # arrival to first scheduled
   timeToFirstTokenMs @1 :Float64 = -1;
   totalMs @2 :Float64;
+  longestPauseMs @3 :Float64;    # the longest wait between two consecutive tokens (0: fewer than two)
 }

@@ -29,6 +29,7 @@ void to_wire(const outcome& o, proto::Outcome::Builder b) {
   t.setQueuedMs(o.queued_ms);
   t.setTimeToFirstTokenMs(o.time_to_first_token_ms);
   t.setTotalMs(o.total_ms);
+  t.setLongestPauseMs(o.longest_pause_ms);
 }
 
 outcome from_wire(proto::Outcome::Reader r) {
@@ -68,6 +69,7 @@ outcome from_wire(proto::Outcome::Reader r) {
     o.queued_ms = t.getQueuedMs();
     o.time_to_first_token_ms = t.getTimeToFirstTokenMs();
     o.total_ms = t.getTotalMs();
+    o.longest_pause_ms = t.getLongestPauseMs();
   }
   return o;
 }

@@ -43,7 +43,7 @@ bool late(const request_record& r, double ttft_target_ms) {
 }
 
 struct samples {
-  std::vector<double> ttft, tpot, reject;
+  std::vector<double> ttft, tpot, reject, pause;
 };
 
 void add(tier_metrics& m, samples& x, const request_record& r) {
@@ -62,6 +62,7 @@ void add(tier_metrics& m, samples& x, const request_record& r) {
       const double tpot = tpot_ms(r);
       if (r.ttft_ms >= 0) x.ttft.push_back(r.ttft_ms);
       if (!std::isnan(tpot)) x.tpot.push_back(tpot);
+      if (r.completion_tokens >= 2) x.pause.push_back(r.longest_pause_ms);
       break;
     }
     case outcome_kind::rejected:
@@ -173,6 +174,8 @@ void finish(tier_metrics& m, samples& x, double window_s) {
   m.tpot_p99 = percentile(x.tpot, 99);
   m.reject_p50 = percentile(x.reject, 50);
   m.reject_p99 = percentile(x.reject, 99);
+  m.pause_p99 = percentile(x.pause, 99);
+  m.pause_max = percentile(x.pause, 100);
   m.slo_attainment = m.offered > 0 ? static_cast<double>(m.slo_met) / m.offered : nan;
   m.goodput_tps /= window_s;
   m.completion_tps /= window_s;
@@ -241,7 +244,8 @@ nlohmann::json metrics_json(const tier_metrics& m) {
           {"completion_tokens_per_s", m.completion_tps},
           {"ttft_ms", {{"p50", m.ttft_p50}, {"p99", m.ttft_p99}}},
           {"tpot_ms", {{"p50", m.tpot_p50}, {"p99", m.tpot_p99}}},
-          {"time_to_reject_ms", {{"p50", m.reject_p50}, {"p99", m.reject_p99}}}};
+          {"time_to_reject_ms", {{"p50", m.reject_p50}, {"p99", m.reject_p99}}},
+          {"longest_pause_ms", {{"p99", m.pause_p99}, {"max", m.pause_max}}}};
 }
 
 nlohmann::json samples_json(const run_result& run, const scenario& s) {
@@ -289,6 +293,7 @@ nlohmann::json requests_json(const run_result& run, const scenario& s) {
       j["completion_tokens"] = r.completion_tokens;
       j["ttft_ms"] = r.ttft_ms;
       j["total_ms"] = r.total_ms;
+      j["longest_pause_ms"] = r.longest_pause_ms;
       if (!r.degradations.empty()) j["degradations"] = r.degradations;
     }
     out.push_back(std::move(j));
@@ -511,6 +516,11 @@ std::string run_table(const run_result& run, const run_metrics& m, const scenari
                          pct(t.worst_window_late));
   }
   out += fmt::format("  SLO among feasible requests (could meet the TTFT target on an idle engine): {}\n", feasible);
+  std::string pauses;
+  for (const tier_metrics& t : m.tiers) {
+    pauses += fmt::format("{}{} {} / {} ms", pauses.empty() ? "" : ", ", t.tier, num(t.pause_p99), num(t.pause_max));
+  }
+  out += fmt::format("  longest pause between two tokens of a completion, p99 / max: {}\n", pauses);
   // Fair shares inside a tier: each tenant key's SLO and refusals.
   std::map<std::pair<int32_t, std::string>, std::array<int64_t, 3>> by_tenant;  // offered, met, rejected
   for (const request_record& r : run.records) {

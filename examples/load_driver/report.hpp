@@ -29,6 +29,8 @@ struct tier_metrics {
   int64_t silently_shortened = 0;  // completed at max_tokens below the asked max_tokens, no degradation said
   std::map<std::string, int64_t> rejected_by_reason;
   double ttft_p50 = 0, ttft_p99 = 0, tpot_p50 = 0, tpot_p99 = 0, reject_p50 = 0, reject_p99 = 0;  // ms; NaN: none
+  // The longest wait between two tokens of a completion (2+ tokens), p99 and max, ms; NaN: none.
+  double pause_p99 = 0, pause_max = 0;
   double slo_attainment = 0;  // slo_met / offered; NaN when nothing was offered
   // Feasible: its prompt could meet the TTFT target on an idle engine (the target's cost
   // model), or it met it anyway; every request where the target has no cost model.

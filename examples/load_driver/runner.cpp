@@ -33,6 +33,7 @@ void record_outcome(request_record& r, const outcome& o, double at) {
   r.preemptions = o.preemptions;
   r.ttft_ms = o.time_to_first_token_ms;
   r.total_ms = o.total_ms;
+  r.longest_pause_ms = o.longest_pause_ms;
 }
 
 void submit(target_session& session, const std::shared_ptr<run_state>& st, size_t i) {

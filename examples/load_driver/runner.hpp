@@ -22,6 +22,7 @@ struct request_record {
   std::vector<std::string> degradations;
   int32_t prompt_tokens = 0, completion_tokens = 0, cached_prompt_tokens = 0, preemptions = 0;
   double ttft_ms = -1, total_ms = 0;
+  double longest_pause_ms = 0;  // between two of its tokens (outcome::longest_pause_ms)
   double idle_ttft_s = 0;  // its first token on an idle engine (target::idle_first_token_s); NaN: not known
 
   bool done() const { return outcome_s >= 0; }

@@ -52,7 +52,8 @@ def describe(outcome):
         parts.append(detail.message)
     u, t = outcome.usage, outcome.timings
     parts.append(f"{u.promptTokens} prompt + {u.completionTokens} completion tokens")
-    parts.append(f"first token {t.timeToFirstTokenMs:.0f} ms, total {t.totalMs:.0f} ms")
+    parts.append(f"first token {t.timeToFirstTokenMs:.0f} ms, total {t.totalMs:.0f} ms, "
+                 f"longest pause {t.longestPauseMs:.0f} ms")
     for d in outcome.degradations:
         parts.append(f"degraded: {d}")
     return "; ".join(str(p) for p in parts if p != "")

@@ -36,6 +36,7 @@ struct outcome {
   std::vector<std::string> degradations;  // everything done to the request because of load
   int32_t prompt_tokens = 0, completion_tokens = 0, cached_prompt_tokens = 0, preemptions = 0;
   double queued_ms = 0, time_to_first_token_ms = -1, total_ms = 0;
+  double longest_pause_ms = 0;  // the longest wait between two of its tokens (0: fewer than two)
   std::string text;             // everything generated (after stop handling)
   std::vector<int32_t> tokens;  // every generated token id
 };

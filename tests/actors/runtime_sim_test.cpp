@@ -24,6 +24,9 @@ TEST(runtime_sim, a_request_completes_with_its_tokens) {
   EXPECT_EQ(o.tokens.size(), 12u);
   EXPECT_EQ(o.prompt_tokens, 40);
   EXPECT_GT(o.time_to_first_token_ms, 0.0) << "total " << o.total_ms << " virtual " << h.backend().virtual_seconds();
+  // Twelve tokens, one a step: the longest pause between two is one step's time, at most all of it after the first.
+  EXPECT_GT(o.longest_pause_ms, 0.0);
+  EXPECT_LE(o.longest_pause_ms, o.total_ms - o.time_to_first_token_ms + 1e-6);
   EXPECT_EQ(h.kv().blocks.free, h.kv().blocks.total);
 }
 

@@ -16,6 +16,7 @@ import asyncio
 import gc
 import os
 import random
+import re
 import shutil
 import struct
 import subprocess
@@ -90,6 +91,8 @@ async def test_example_client(ctx):
     check(proc.returncode == 0, f"client.py exited {proc.returncode}\nstdout:\n{out}\nstderr:\n{err}")
     answer, _, summary = out.rstrip().rpartition("\n")
     check(summary.startswith("[completed"), f"client.py's last line is not a completion: {summary!r}")
+    pause = re.search(r"longest pause (\d+) ms", summary)
+    check(pause is not None and int(pause.group(1)) > 0, f"no longest pause between tokens in {summary!r}")
     colors = [c for c in ("red", "blue", "yellow", "green") if c in answer.lower()]
     check(len(colors) >= 2, f"the answer names fewer than two primary colors: {answer!r}")
 
