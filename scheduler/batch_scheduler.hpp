@@ -8,7 +8,8 @@
 // (several prompts' chunks in a step), then prompts without a deadline, then those that
 // cannot meet theirs even on an idle engine (infeasible), oldest first; a
 // lower tier's decode yields to a higher tier's work only while its own next token is not
-// due. The KV order (what is kept last) stays running before waiting within a priority,
+// due, and when a prompt would miss its first-token deadline, the decodes of its own tier and
+// below yield to it within their slack (never for longer than longest_pause_ns). The KV order (what is kept last) stays running before waiting within a priority,
 // older first, paused requests (slow clients) last, so they are the first to give their
 // blocks back.
 
