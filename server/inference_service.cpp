@@ -316,18 +316,8 @@ kj::Promise<void> inference_service::models(models_context context) {
   return kj::READY_NOW;
 }
 
-// The runtime answers on one of its threads, where the last reference to the fulfiller may
-// also go: a cross-thread fulfiller may be fulfilled and dropped there (a plain one belongs
-// to the event loop's thread alone: ThreadSanitizer caught one freed on a CAF thread).
-kj::Promise<runtime_stats> inference_service::runtime_stats_async() {
-  auto pf = kj::newPromiseAndCrossThreadFulfiller<runtime_stats>();
-  auto fulfiller = std::make_shared<kj::Own<kj::CrossThreadPromiseFulfiller<runtime_stats>>>(kj::mv(pf.fulfiller));
-  rt_.stats_async([fulfiller](const runtime_stats& s) { (*fulfiller)->fulfill(runtime_stats(s)); });
-  return kj::mv(pf.promise);
-}
-
 kj::Promise<void> inference_service::health(health_context context) {
-  return runtime_stats_async().then([this, context](runtime_stats s) mutable {
+  return runtime_stats_promise(rt_).then([this, context](runtime_stats s) mutable {
     auto h = context.getResults().initHealth();
     h.setOk(s.backend_problem.empty());
     h.setProblem(s.backend_problem);
@@ -345,7 +335,7 @@ kj::Promise<void> inference_service::stats(stats_context context) {
   const std::string key = context.getParams().getApiKey();
   std::string tenant;
   if (auto it = tenant_of_key_.find(key); it != tenant_of_key_.end()) tenant = it->second;
-  return runtime_stats_async().then([this, context, tenant](runtime_stats s) mutable {
+  return runtime_stats_promise(rt_).then([this, context, tenant](runtime_stats s) mutable {
     auto r = context.getResults().initStats();
     r.setTenant(tenant);
     if (!tenant.empty()) {

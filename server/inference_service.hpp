@@ -23,13 +23,6 @@
 
 namespace tireless {
 
-struct service_info {
-  std::string model_name;
-  std::string description;
-  int32_t context_length = 0;
-  int32_t vocab_size = 0;
-};
-
 // What one client connection is doing, as its calls tell it (loop thread only).
 struct connection_activity {
   int32_t live = 0;         // its generations whose outcome has not reached it yet
@@ -68,7 +61,6 @@ class inference_service {
   };
 
  private:
-  kj::Promise<runtime_stats> runtime_stats_async();
   void finished(const std::string& tenant, const outcome& o);
   // Ends `s` with `o` (loop thread): its outcome goes to the client, then it lets go of the sink.
   void deliver(const std::shared_ptr<generation_state>& s, const outcome& o);

@@ -7,7 +7,10 @@
 
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
+
+#include "tireless/runtime.hpp"
 
 namespace tireless {
 
@@ -49,5 +52,16 @@ class kj_bridge {
   std::deque<std::function<void()>> queue_;
   kj::Own<kj::CrossThreadPromiseFulfiller<void>> waiting_;
 };
+
+// The runtime's stats, on the loop. The runtime answers on one of its threads, where the last
+// reference to the fulfiller may also go: a cross-thread fulfiller may be fulfilled and dropped
+// there (a plain one belongs to the event loop's thread alone: ThreadSanitizer caught one
+// freed on a CAF thread).
+inline kj::Promise<runtime_stats> runtime_stats_promise(runtime& rt) {
+  auto pf = kj::newPromiseAndCrossThreadFulfiller<runtime_stats>();
+  auto fulfiller = std::make_shared<kj::Own<kj::CrossThreadPromiseFulfiller<runtime_stats>>>(kj::mv(pf.fulfiller));
+  rt.stats_async([fulfiller](const runtime_stats& s) { (*fulfiller)->fulfill(runtime_stats(s)); });
+  return kj::mv(pf.promise);
+}
 
 }  // namespace tireless

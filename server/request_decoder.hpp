@@ -8,22 +8,11 @@
 #include <variant>
 
 #include "actors/request_checks.hpp"
+#include "server/decode_limits.hpp"
 #include "protocol/tireless.capnp.h"
 #include "tireless/runtime.hpp"
 
 namespace tireless {
-
-struct decode_limits {
-  std::string model_name;
-  // The most bytes of prompt text (runtime::max_prompt_bytes; 0: no limit here). A longer text
-  // is refused (prompt_too_long) before it is checked or copied.
-  size_t max_prompt_bytes = 0;
-  int32_t max_prompt_tokens = 0;  // for the refusal's message
-  std::chrono::milliseconds default_timeout{300'000};  // when the client gives none; also the most
-  int32_t stream_window = 64;                          // tokens sent ahead of what the client took
-  size_t max_stop_sequences = 16;
-  size_t max_stop_bytes = 256;
-};
 
 struct decoded_request {
   request req;

@@ -1,10 +1,13 @@
-// tireless-serve: serves a model to Cap'n Proto RPC clients (protocol/tireless.capnp).
+// tireless-serve: serves a model to Cap'n Proto RPC clients (protocol/tireless.capnp) and, with
+// server.http_listen, to OpenAI-style HTTP clients (server/http_gateway.hpp).
 //
-//   tireless-serve [--config config/tireless.toml] [--listen 127.0.0.1:7433 | --port N] ...
+//   tireless-serve [--config config/tireless.toml] [--listen 127.0.0.1:7433 | --port N]
+//                  [--http-listen 127.0.0.1:8000 | --http-port N] ...
 //
-// Prints "listening on HOST:PORT" on stdout once it accepts connections. SIGTERM or SIGINT:
-// stops accepting, lets running requests finish for server.shutdown_grace_ms, cancels the
-// rest (each client gets its outcome) and exits 0.
+// Prints "listening on HOST:PORT" on stdout once it accepts connections, then "http listening
+// on HOST:PORT" when HTTP is on. SIGTERM or SIGINT: stops accepting (HTTP /ready says 503 and
+// new requests are refused with 503), lets running requests finish for
+// server.shutdown_grace_ms, cancels the rest (each client gets its outcome) and exits 0.
 #include <CLI/CLI.hpp>
 #include <capnp/rpc-twoparty.h>
 #include <kj/async-io.h>
@@ -19,6 +22,7 @@
 
 #include "model/model.hpp"
 #include "server/connection_manager.hpp"
+#include "server/http_gateway.hpp"
 #include "server/inference_service.hpp"
 #include "tireless/runtime.hpp"
 
@@ -31,8 +35,8 @@ using namespace tireless;
 constexpr size_t transport_limit_bytes = size_t{64} << 20;
 
 struct cli_overrides {
-  std::string listen, log_level, model, backend, sim_profile;
-  int port = -1;
+  std::string listen, http_listen, log_level, model, backend, sim_profile;
+  int port = -1, http_port = -1;
   int threads = -1;
 };
 
@@ -47,6 +51,11 @@ runtime_config configure(const std::string& path, const cli_overrides& o) {
   runtime_config c = load_config(path);
   if (!o.listen.empty()) c.server.listen = o.listen;
   if (o.port >= 0) c.server.listen = split_host_port(c.server.listen).first + ":" + std::to_string(o.port);
+  if (!o.http_listen.empty()) c.server.http_listen = o.http_listen;
+  if (o.http_port >= 0) {
+    const std::string& base = c.server.http_listen.empty() ? c.server.listen : c.server.http_listen;
+    c.server.http_listen = split_host_port(base).first + ":" + std::to_string(o.http_port);
+  }
   if (!o.model.empty()) c.model.path = o.model;
   if (!o.backend.empty()) {
     if (o.backend == "cpu") c.backend.kind = backend_kind::cpu;
@@ -67,12 +76,15 @@ runtime_config configure(const std::string& path, const cli_overrides& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Serve a model to Cap'n Proto RPC clients"};
+  CLI::App app{"Serve a model to Cap'n Proto RPC and OpenAI-style HTTP clients"};
   std::string config_path = "config/tireless.toml";
   cli_overrides o;
   app.add_option("-c,--config", config_path, "TOML configuration")->capture_default_str();
   app.add_option("--listen", o.listen, "HOST:PORT (overrides server.listen)");
   app.add_option("--port", o.port, "port on the configured host; 0 picks a free one")->check(CLI::Range(0, 65535));
+  app.add_option("--http-listen", o.http_listen, "HOST:PORT of the OpenAI-style HTTP API (overrides server.http_listen)");
+  app.add_option("--http-port", o.http_port, "HTTP on this port of the HTTP (or RPC) host; 0 picks a free one")
+      ->check(CLI::Range(0, 65535));
   app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error, off");
   app.add_option("--model", o.model, "GGUF model file (overrides model.path)");
   app.add_option("--backend", o.backend, "cpu or sim (overrides backend.kind)");
@@ -144,11 +156,33 @@ int main(int argc, char** argv) {
     spdlog::error("accept failed: {}", e.getDescription().cStr());
   });
 
+  kj::Own<http_gateway> http;
+  kj::Own<kj::ConnectionReceiver> http_listener;
+  kj::Promise<void> http_accepting = kj::READY_NOW;
+  if (!config.server.http_listen.empty()) {
+    http = kj::heap<http_gateway>(*rt, bridge, io.provider->getTimer(), info, limits);
+    try {
+      auto [host, port] = split_host_port(config.server.http_listen);
+      http_listener = io.provider->getNetwork().parseAddress(host, port).wait(io.waitScope)->listen();
+      std::printf("http listening on %s:%u\n", host.c_str(), http_listener->getPort());
+      std::fflush(stdout);
+      spdlog::info("http listening on {}:{}", host, http_listener->getPort());
+    } catch (const kj::Exception& e) {
+      std::cerr << "tireless-serve: cannot listen on " << config.server.http_listen << ": "
+                << e.getDescription().cStr() << "\n";
+      return 1;
+    }
+    http_accepting = http->listen(*http_listener).eagerlyEvaluate([](kj::Exception&& e) {
+      spdlog::error("http accept failed: {}", e.getDescription().cStr());
+    });
+  }
+
   io.unixEventPort.onSignal(SIGTERM).exclusiveJoin(io.unixEventPort.onSignal(SIGINT)).wait(io.waitScope);
   spdlog::info("stopping: no new requests; {} ms for running ones", config.server.shutdown_grace.count());
   accepting = kj::READY_NOW;  // stop accepting connections
   listener = nullptr;
   service.stop_accepting();
+  if (http) http->stop_accepting();  // still answers: /ready says 503 while running requests finish
   auto stopped = kj::newPromiseAndCrossThreadFulfiller<void>();
   kj::CrossThreadPromiseFulfiller<void>* fulfiller = stopped.fulfiller.get();
   std::thread stopper([&rt, &config, fulfiller] {
@@ -158,11 +192,15 @@ int main(int argc, char** argv) {
   stopped.promise.wait(io.waitScope);
   stopper.join();
   // Deliver the outcomes that are still on their way to clients, for a moment at most.
-  for (int i = 0; i < 200 && service.unfinished() > 0; ++i) {
+  auto unfinished = [&] { return service.unfinished() + (http ? http->unfinished() : 0); };
+  for (int i = 0; i < 200 && unfinished() > 0; ++i) {
     io.provider->getTimer().afterDelay(10 * kj::MILLISECONDS).wait(io.waitScope);
   }
-  if (service.unfinished() > 0) spdlog::warn("{} outcomes did not reach their clients in time", service.unfinished());
+  if (unfinished() > 0) spdlog::warn("{} outcomes did not reach their clients in time", unfinished());
   connections = nullptr;  // closes every connection
+  http_accepting = kj::READY_NOW;
+  http_listener = nullptr;
+  http = nullptr;
   spdlog::info("stopped");
   return 0;
 }

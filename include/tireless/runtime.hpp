@@ -32,6 +32,12 @@ struct sampling_options {
   int32_t top_k = 0;         // 0: all tokens
   float top_p = 1.0f;        // (0, 1]
   uint64_t seed = 0;
+  float min_p = 0.0f;        // [0, 1]: drop tokens less likely than min_p x the most likely one's
+  // OpenAI's, over the generated tokens: logit -= presence (once seen) + frequency x count.
+  float presence_penalty = 0.0f, frequency_penalty = 0.0f;  // [-2, 2]
+  // vLLM's and llama.cpp's, over prompt and generated tokens: a seen token's logit is divided
+  // by it (multiplied when negative); 1: off.
+  float repetition_penalty = 1.0f;
 };
 
 struct request {

@@ -176,7 +176,7 @@ def test_overrides(model_path):
 
 class Server:
     def __init__(self, binary, base_config, workdir, overrides=None, name="server", start_timeout=60,
-                 tier_scale=TIER_SCALE):
+                 tier_scale=TIER_SCALE, http=False, edit=None):
         self.binary = binary
         self.workdir = workdir
         self.name = name
@@ -186,31 +186,39 @@ class Server:
         all_overrides = test_overrides(model)
         all_overrides.update(overrides or {})
         self.config_path = os.path.join(workdir, f"{name}.toml")
+        text = edit_config(text, all_overrides, remove={("kv", "memory_mb")}, scale_tiers=tier_scale)
+        if edit:
+            text = edit(text)  # anything edit_config cannot express ([[tenants]] entries)
         with open(self.config_path, "w") as f:
-            f.write(edit_config(text, all_overrides, remove={("kv", "memory_mb")}, scale_tiers=tier_scale))
+            f.write(text)
         self.stderr_path = os.path.join(workdir, f"{name}.stderr")
         self.stdout_path = os.path.join(workdir, f"{name}.stdout")
         self._stderr = open(self.stderr_path, "wb")
         # stdout to a file, polled here: no reader thread (see "Without threads" below).
         self._stdout = open(self.stdout_path, "wb")
-        self.proc = subprocess.Popen([binary, "--config", self.config_path, "--port", "0"],
-                                     stdout=self._stdout, stderr=self._stderr, stdin=subprocess.DEVNULL)
-        self.port = None
+        args = [binary, "--config", self.config_path, "--port", "0"] + (["--http-port", "0"] if http else [])
+        self.proc = subprocess.Popen(args, stdout=self._stdout, stderr=self._stderr, stdin=subprocess.DEVNULL)
+        self.port = self.http_port = None
         deadline = time.monotonic() + slack(start_timeout)
-        m = None
-        line = ""
+        m = mh = None
+        text = ""
         while time.monotonic() < deadline and self.proc.poll() is None:
             with open(self.stdout_path, "rb") as f:
-                line = f.readline().decode(errors="replace")
-            m = re.search(r"listening on ([0-9.]+):(\d+)", line)
-            if m and line.endswith("\n"):
+                text = f.read().decode(errors="replace")
+            lines = [line for line in text.splitlines(keepends=True) if line.endswith("\n")]
+            m = re.match(r"listening on ([0-9.]+):(\d+)", lines[0]) if lines else None
+            mh = next((x for x in (re.match(r"http listening on ([0-9.]+):(\d+)", line) for line in lines) if x), None)
+            if m and (mh or not http):
                 break
             time.sleep(0.05)
-        if not m:
+        if not m or (http and not mh):
             self.kill()
             raise TestFailure(f"{name} did not print 'listening on' within {start_timeout} s "
-                              f"(stdout {line!r}, exit {self.proc.returncode}); stderr:\n{self.stderr_text()}")
+                              f"(stdout {text!r}, exit {self.proc.returncode}); stderr:\n{self.stderr_text()}")
         self.host, self.port = m.group(1), int(m.group(2))
+        if mh:
+            self.http_port = int(mh.group(2))
+            self.base_url = f"http://{self.host}:{self.http_port}"
 
     def alive(self):
         return self.proc.poll() is None
