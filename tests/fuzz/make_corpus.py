@@ -4,9 +4,10 @@ scripts/fuzz reads it, and adds what a run finds to its own working corpus in th
 
     python3 tests/fuzz/make_corpus.py      # rewrites the seeds, deterministic
 
-gguf and request seeds come from gguf_seeds.py and request_seeds.py; tokenizer, config and
-scenario seeds are written here: texts with control token texts, Unicode and stray bytes; the
-shipped configurations and small variants; the shipped scenarios and a trace scenario.
+gguf and request seeds come from gguf_seeds.py and request_seeds.py; http, tokenizer, config
+and scenario seeds are written here: whole HTTP requests and bodies of the OpenAI-style API;
+texts with control token texts, Unicode and stray bytes; the shipped configurations and small
+variants; the shipped scenarios and a trace scenario.
 """
 import pathlib
 import shutil
@@ -66,7 +67,46 @@ def scenario_seeds():
     return seeds
 
 
+def http_seeds():
+    """First byte: even, a whole HTTP request; odd, a chat (bit 1 clear) or completions body."""
+    import json
+    chat = json.dumps({"model": "smollm2", "messages": [{"role": "system", "content": "Be brief."},
+                                                        {"role": "user", "content": "Name three colors."}],
+                       "max_tokens": 16, "temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05,
+                       "seed": 42, "stop": ["\n\n", "END"], "stream": True,
+                       "stream_options": {"include_usage": True}, "presence_penalty": 0.5,
+                       "frequency_penalty": -0.5, "repetition_penalty": 1.1, "user": "u1"})
+    parts = json.dumps({"messages": [{"role": "developer", "content": [{"type": "text", "text": "héllo ✓ 😀"}]},
+                                     {"role": "assistant", "content": None}, {"role": "user", "content": "a"}],
+                        "max_completion_tokens": 8, "n": 1, "logprobs": False})
+    completion = json.dumps({"prompt": "Once upon a time", "max_tokens": 12, "echo": False, "seed": -3})
+    tokens = json.dumps({"prompt": [101, 102, 103], "max_tokens": 1})
+
+    def http(path, body, method="POST", extra=""):
+        return (f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer sk-premium-demo\r\n"
+                f"Content-Type: application/json\r\n{extra}Content-Length: {len(body.encode())}\r\n\r\n{body}")
+
+    chunked = ("POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+               f"{len(completion):x}\r\n{completion}\r\n0\r\n\r\n")
+    return {
+        "body_chat": b"\x01" + chat.encode(),
+        "body_parts": b"\x01" + parts.encode(),
+        "body_completion": b"\x03" + completion.encode(),
+        "body_tokens": b"\x03" + tokens.encode(),
+        "body_bad_types": b"\x01" + b'{"messages": "x", "temperature": "hot", "n": 2.5}',
+        "body_bad_utf8": b"\x01" + b'{"messages": [{"role": "user", "content": "\xc3\x28"}]}',
+        "body_nested": b"\x03" + b"[" * 300,
+        "http_chat": "\x00" + http("/v1/chat/completions", chat),
+        "http_completion_pipelined": "\x00" + http("/v1/completions", completion) + http("/v1/completions", tokens),
+        "http_chunked": "\x00" + chunked,
+        "http_get": "\x00GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
+        "http_truncated": "\x00" + http("/v1/chat/completions", chat)[:-20],
+        "http_bad_length": "\x00POST /v1/completions HTTP/1.1\r\nContent-Length: -5\r\n\r\n{}",
+    }
+
+
 def main():
+    write("http", http_seeds())
     write("tokenizer", tokenizer_seeds())
     write("config", config_seeds())
     write("scenario", scenario_seeds())

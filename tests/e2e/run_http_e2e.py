@@ -1,0 +1,579 @@
+#!/usr/bin/env python3
+"""End-to-end tests of tireless-serve's OpenAI-compatible HTTP API with real clients: the
+official `openai` package (sync, async, streaming, its exception types and its retries), curl,
+requests and raw sockets.
+
+    python3 tests/e2e/run_http_e2e.py --server build/tools/tireless-serve --config config/tireless.toml
+                                      [-k SUBSTRING ...] [--keep]
+
+The server runs with the test configuration of harness.test_overrides, HTTP on a free port, and
+one more tenant for quota tests (sk-solo-test: standard tier, one request at a time). Every
+test_* function below runs in order; the server is restarted if a test stopped it. The last
+line says "N passed, N failed". Exit 0: all passed; 1: a failure; 77: the model file is missing.
+"""
+import argparse
+import asyncio
+import json
+import logging
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+try:
+    import openai
+    import requests
+except ImportError as e:
+    print(f"FAIL: {e.name} is not installed (scripts/setup installs it)")
+    print("0 passed, 1 failed")
+    sys.exit(1)
+
+import harness as h  # noqa: E402
+from harness import LONG_TEXT, PREMIUM, STANDARD, check  # noqa: E402
+
+MODEL = "smollm2"
+SOLO = "sk-solo-test"  # standard tier, max_concurrent = 1
+SOLO_TENANT = """
+[[tenants]]
+name = "solo"
+keys = ["sk-solo-test"]
+tier = "standard"
+max_concurrent = 1
+"""
+
+
+def add_solo_tenant(text):
+    marker = "[[tenants]]"
+    i = text.index(marker)
+    return text[:i] + SOLO_TENANT.lstrip() + "\n" + text[i:]
+
+
+class Context:
+    def __init__(self, args, workdir):
+        self.args = args
+        self.workdir = workdir
+        self.server = None
+        self.starts = 0
+        self.notes = []
+
+    def ensure_server(self):
+        if self.server is None or not self.server.alive():
+            self.starts += 1
+            self.server = h.Server(self.args.server, self.args.config, self.workdir, name=f"http{self.starts}",
+                                   http=True, edit=add_solo_tenant)
+        return self.server
+
+    @property
+    def url(self):
+        return self.server.base_url
+
+    def client(self, key=PREMIUM, **kw):
+        kw.setdefault("max_retries", 0)
+        kw.setdefault("timeout", h.slack(60))
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, **kw)
+
+    def health(self, path="/health"):
+        r = requests.get(self.url + path, timeout=h.slack(10))
+        return r.status_code, r.json()
+
+
+def wait_until_idle(ctx, timeout=20):
+    """Waits until the server runs and queues nothing; returns its last /health body."""
+    deadline = time.monotonic() + h.slack(timeout)
+    body = None
+    while time.monotonic() < deadline:
+        _, body = ctx.health()
+        if body["running"] == 0 and body["queued"] == 0:
+            return body
+        time.sleep(0.1)
+    raise h.TestFailure(f"the server still runs requests after {timeout} s: {body}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The official openai package
+
+
+def test_models_health_ready(ctx):
+    models = ctx.client().models.list()
+    ids = [m.id for m in models.data]
+    check(ids == [MODEL], f"/v1/models lists {ids}")
+    status, body = ctx.health("/health")
+    check(status == 200 and body["status"] == "ok", f"/health: {status} {body}")
+    status, body = ctx.health("/ready")
+    check(status == 200 and body["accepting"], f"/ready: {status} {body}")
+
+
+def test_chat_completion(ctx):
+    r = ctx.client().chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Name three primary colors."}], max_tokens=24)
+    choice = r.choices[0]
+    check(r.object == "chat.completion" and r.id.startswith("chatcmpl-"), f"object {r.object}, id {r.id}")
+    check(choice.message.role == "assistant" and choice.message.content.strip(), f"message {choice.message}")
+    check(choice.finish_reason in ("stop", "length"), f"finish_reason {choice.finish_reason}")
+    check(r.usage.prompt_tokens > 0 and 0 < r.usage.completion_tokens <= 24, f"usage {r.usage}")
+    check(r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens, f"usage {r.usage}")
+    check(r.model == MODEL, f"model {r.model}")
+    check(r.model_extra.get("degradations") == [], f"degradations {r.model_extra.get('degradations')}")
+
+
+def test_completions_greedy_and_seeded(ctx):
+    c = ctx.client()
+    a = c.completions.create(model=MODEL, prompt=LONG_TEXT, max_tokens=16, temperature=0)
+    b = c.completions.create(model=MODEL, prompt=LONG_TEXT, max_tokens=16, temperature=0)
+    check(a.choices[0].text == b.choices[0].text and a.choices[0].text, "greedy completions differ")
+    check(a.choices[0].finish_reason == "length", f"finish_reason {a.choices[0].finish_reason} at max_tokens")
+    # Sampled (OpenAI's default temperature 1): the same seed gives the same text.
+    s1 = c.completions.create(model=MODEL, prompt=LONG_TEXT, max_tokens=16, seed=1234)
+    s2 = c.completions.create(model=MODEL, prompt=LONG_TEXT, max_tokens=16, seed=1234)
+    check(s1.choices[0].text == s2.choices[0].text, "the same seed gave different texts")
+    texts = {c.completions.create(model=MODEL, prompt=LONG_TEXT, max_tokens=16, seed=s).choices[0].text
+             for s in (1, 2, 3, 4)}
+    check(len(texts) > 1, "four seeds at temperature 1 gave one text: sampling is not applied")
+
+
+def test_stream_equals_whole(ctx):
+    c = ctx.client()
+    messages = [{"role": "user", "content": "Write one sentence about the sea."}]
+    whole = c.chat.completions.create(model=MODEL, messages=messages, max_tokens=30, temperature=0)
+    stream = c.chat.completions.create(model=MODEL, messages=messages, max_tokens=30, temperature=0, stream=True,
+                                       stream_options={"include_usage": True})
+    pieces, finish, usage, roles, extra = [], None, None, [], None
+    for chunk in stream:
+        check(chunk.object == "chat.completion.chunk", f"chunk object {chunk.object}")
+        if chunk.usage:
+            usage = chunk.usage
+        for ch in chunk.choices:
+            if ch.delta.role:
+                roles.append(ch.delta.role)
+            if ch.delta.content:
+                pieces.append(ch.delta.content)
+            if ch.finish_reason:
+                finish = ch.finish_reason
+                extra = chunk.model_extra
+    text = "".join(pieces)
+    check(text == whole.choices[0].message.content, f"stream {text!r} != whole {whole.choices[0].message.content!r}")
+    check(roles == ["assistant"], f"roles in deltas: {roles}")
+    check(finish == whole.choices[0].finish_reason, f"finish {finish} vs {whole.choices[0].finish_reason}")
+    check(usage is not None and usage.completion_tokens == whole.usage.completion_tokens, f"usage {usage}")
+    check(extra is not None and "degradations" in extra, "the final chunk has no degradations field")
+    # Completions stream too.
+    parts = [ch.choices[0].text for ch in c.completions.create(model=MODEL, prompt=LONG_TEXT, max_tokens=12,
+                                                                 temperature=0, stream=True) if ch.choices]
+    greedy = c.completions.create(model=MODEL, prompt=LONG_TEXT, max_tokens=12, temperature=0).choices[0].text
+    check("".join(parts) == greedy, f"completion stream {''.join(parts)!r} != {greedy!r}")
+
+
+def test_async_client(ctx):
+    async def run():
+        client = openai.AsyncOpenAI(base_url=ctx.url + "/v1", api_key=PREMIUM, max_retries=0, timeout=h.slack(60))
+        prompts = [f"Count from {i} to {i + 3}." for i in range(4)]
+        results = await asyncio.gather(*[
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": p}], max_tokens=12)
+            for p in prompts])
+        stream = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                                      max_tokens=8, stream=True)
+        streamed = [c async for c in stream]
+        await client.close()
+        return results, streamed
+
+    results, streamed = asyncio.run(run())
+    check(all(r.choices[0].message.content for r in results), "an async completion came back empty")
+    check(len({r.id for r in results}) == 4, "async responses share ids")
+    check(len(streamed) >= 2, f"async stream gave {len(streamed)} chunks")
+
+
+def test_errors_are_the_openai_exceptions(ctx):
+    def expect_error(kind, fn, status, code=None, param=None):
+        try:
+            fn()
+        except kind as e:
+            check(e.status_code == status, f"{kind.__name__}: status {e.status_code}, expected {status}")
+            body = e.body or {}
+            if code is not None:
+                check(body.get("code") == code, f"{kind.__name__}: code {body.get('code')}, expected {code}")
+            if param is not None:
+                check(body.get("param") == param, f"{kind.__name__}: param {body.get('param')}, expected {param}")
+            check(body.get("message"), f"{kind.__name__}: no message in {body}")
+            return body
+        raise h.TestFailure(f"expected {kind.__name__}, got a response")
+
+    msgs = [{"role": "user", "content": "Hi"}]
+    expect_error(openai.AuthenticationError,
+                 lambda: ctx.client(key="sk-nobody").chat.completions.create(model=MODEL, messages=msgs), 401,
+                 code="invalid_api_key")
+    expect_error(openai.NotFoundError,
+                 lambda: ctx.client().chat.completions.create(model="gpt-4o", messages=msgs), 404,
+                 code="model_not_found", param="model")
+    expect_error(openai.BadRequestError,
+                 lambda: ctx.client().chat.completions.create(model=MODEL, messages=msgs, n=2), 400, param="n")
+    expect_error(openai.BadRequestError,
+                 lambda: ctx.client().chat.completions.create(model=MODEL, messages=msgs, temperature=3), 400,
+                 param="temperature")
+    expect_error(openai.BadRequestError,
+                 lambda: ctx.client().chat.completions.create(model=MODEL, messages=[]), 400, param="messages")
+    expect_error(openai.BadRequestError,
+                 lambda: ctx.client().chat.completions.create(model=MODEL, messages=msgs, logprobs=True), 400,
+                 param="logprobs")
+    long_doc = "The quick brown fox jumps over the lazy dog. " * 4000  # far past the context
+    body = expect_error(openai.BadRequestError,
+                        lambda: ctx.client().completions.create(model=MODEL, prompt=long_doc, max_tokens=4), 400,
+                        code="context_length_exceeded")
+    check("split" in body["message"].lower(), f"the prompt_too_long message gives no hint to split: {body}")
+
+
+def test_bad_input_battery(ctx):
+    """Bodies a careless or hostile client sends: each gets a 4xx with an OpenAI error body that
+    names what was wrong; the server stays up and serves the next request."""
+    url = ctx.url + "/v1/chat/completions"
+    auth = {"Authorization": f"Bearer {PREMIUM}", "Content-Type": "application/json"}
+    ok_msgs = [{"role": "user", "content": "Hi"}]
+    cases = [
+        (b"", 400, None),
+        (b"{", 400, None),
+        (b"[1, 2, 3]", 400, None),
+        (b"\xff\xfe{}", 400, None),
+        (b'{"messages": [{"role": "user", "content": "\xc3\x28"}]}', 400, None),  # invalid UTF-8
+        (json.dumps({"messages": "hello"}).encode(), 400, "messages"),
+        (json.dumps({"messages": [{"role": "wizard", "content": "x"}]}).encode(), 400, "messages[0].role"),
+        (json.dumps({"messages": [{"role": "user"}]}).encode(), 400, "messages[0].content"),
+        (json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}).encode(), 400,
+         "messages[0].content[0].type"),
+        (json.dumps({"messages": [{"role": "user", "content": "a\u0000b"}]}).encode(), 400, "messages[0].content"),
+        (json.dumps({"messages": ok_msgs, "max_tokens": 0}).encode(), 400, "max_tokens"),
+        (json.dumps({"messages": ok_msgs, "max_tokens": "ten"}).encode(), 400, "max_tokens"),
+        (json.dumps({"messages": ok_msgs, "max_tokens": 1e30}).encode(), 400, "max_tokens"),
+        (json.dumps({"messages": ok_msgs, "top_p": 0}).encode(), 400, "top_p"),
+        (json.dumps({"messages": ok_msgs, "stop": [1, 2]}).encode(), 400, "stop[0]"),
+        (json.dumps({"messages": ok_msgs, "stop": ["x"] * 100}).encode(), 400, "stop"),
+        (json.dumps({"messages": ok_msgs, "stream": "yes"}).encode(), 400, "stream"),
+        (json.dumps({"messages": ok_msgs, "stream_options": {"include_usage": 1}}).encode(), 400,
+         "stream_options.include_usage"),
+        (json.dumps({"messages": ok_msgs, "presence_penalty": 5}).encode(), 400, "presence_penalty"),
+        (json.dumps({"messages": ok_msgs, "seed": "abc"}).encode(), 400, "seed"),
+        (json.dumps({"model": 7, "messages": ok_msgs}).encode(), 400, "model"),
+        (b"[" * 100000, 400, None),  # deep nesting
+    ]
+    for body, status, param in cases:
+        r = requests.post(url, data=body, headers=auth, timeout=h.slack(30))
+        check(r.status_code == status, f"{body[:60]!r}: status {r.status_code}, expected {status}: {r.text[:200]}")
+        err = r.json().get("error", {})
+        check(err.get("type") == "invalid_request_error" and err.get("message"), f"{body[:60]!r}: body {r.text[:200]}")
+        if param:
+            check(err.get("param") == param, f"{body[:60]!r}: param {err.get('param')}, expected {param}")
+    # Unknown fields are ignored, as OpenAI does.
+    r = requests.post(url, json={"messages": ok_msgs, "max_tokens": 4, "frobnicate": {"x": 1}, "tools": None},
+                      headers=auth, timeout=h.slack(30))
+    check(r.status_code == 200, f"an unknown field was refused: {r.status_code} {r.text[:200]}")
+    # Wrong routes and methods.
+    check(requests.get(url, headers=auth, timeout=10).status_code == 405, "GET on a POST route is not 405")
+    check(requests.get(ctx.url + "/v2/nothing", timeout=10).status_code == 404, "an unknown route is not 404")
+    # A body far over the limit: 413, with the hint to split.
+    big = b'{"prompt": "' + b"a" * (80 << 20) + b'"}'
+    try:
+        r = requests.post(ctx.url + "/v1/completions", data=big, headers=auth, timeout=h.slack(60))
+        check(r.status_code == 413 and "split" in r.text.lower(), f"an 80 MB body: {r.status_code} {r.text[:200]}")
+    except requests.exceptions.ConnectionError:
+        pass  # the server may answer and close before the client finished sending: also fine
+    check(ctx.server.alive(), "the server died on bad input")
+    wait_until_idle(ctx)
+
+
+def test_curl(ctx):
+    """The README's curl lines work as written."""
+    base = ["curl", "-sS", "--max-time", str(int(h.slack(60)))]
+    out = subprocess.run(base + [ctx.url + "/v1/chat/completions", "-H", f"Authorization: Bearer {PREMIUM}",
+                                 "-H", "Content-Type: application/json", "-d",
+                                 json.dumps({"model": MODEL, "max_tokens": 8,
+                                             "messages": [{"role": "user", "content": "Hello!"}]})],
+                         capture_output=True, text=True, timeout=h.slack(90))
+    check(out.returncode == 0, f"curl exited {out.returncode}: {out.stderr}")
+    body = json.loads(out.stdout)
+    check(body["choices"][0]["message"]["content"], f"curl got {out.stdout[:200]}")
+    out = subprocess.run(base + ["-N", ctx.url + "/v1/completions", "-H", f"Authorization: Bearer {PREMIUM}",
+                                 "-d", json.dumps({"prompt": LONG_TEXT, "max_tokens": 8, "stream": True})],
+                         capture_output=True, text=True, timeout=h.slack(90))
+    events = [line for line in out.stdout.splitlines() if line.startswith("data: ")]
+    check(events and events[-1] == "data: [DONE]", f"curl -N stream ends with {events[-1:]}")
+    check(len(events) >= 3, f"curl -N stream has {len(events)} events")
+
+
+# ---------------------------------------------------------------------------------------------
+# 429, retries and Retry-After
+
+
+class RetryLog(logging.Handler):
+    """Collects the openai package's 'Retrying request ... in X seconds' waits."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.waits = []
+
+    def emit(self, record):
+        msg = record.getMessage()
+        if "Retrying request" in msg and " in " in msg:
+            try:
+                self.waits.append(float(msg.rsplit(" in ", 1)[1].split()[0]))
+            except ValueError:
+                pass
+
+
+def hold_solo_slot(ctx, started, tokens=60):
+    """Runs one streaming request of the solo tenant to its end (in a thread)."""
+    stream = ctx.client(key=SOLO).completions.create(model=MODEL, prompt=LONG_TEXT, max_tokens=tokens,
+                                                     temperature=0, stream=True)
+    for _ in stream:
+        started.set()
+    started.set()
+
+
+def test_429_retry_after(ctx):
+    started = threading.Event()
+    holder = threading.Thread(target=hold_solo_slot, args=(ctx, started, 80))
+    holder.start()
+    try:
+        check(started.wait(h.slack(30)), "the slot holder never started")
+        r = requests.post(ctx.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {SOLO}"},
+                          json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}, timeout=h.slack(30))
+        check(r.status_code == 429, f"a second request of a one-at-a-time tenant: {r.status_code} {r.text[:200]}")
+        err = r.json()["error"]
+        ms = err.get("retry_after_ms")
+        check(isinstance(ms, int) and ms > 0, f"no retry_after_ms in the body: {err}")
+        check(r.headers.get("retry-after-ms") == str(ms), f"retry-after-ms header {r.headers.get('retry-after-ms')}")
+        check(r.headers.get("Retry-After") == str(math.ceil(ms / 1000)),
+              f"Retry-After {r.headers.get('Retry-After')} for {ms} ms")
+        check(err.get("type") == "rate_limit_error" and err.get("code") == "quota_exceeded", f"error {err}")
+        try:
+            ctx.client(key=SOLO).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                                         max_tokens=4)
+            raise h.TestFailure("no RateLimitError while the slot is held")
+        except openai.RateLimitError as e:
+            check(e.status_code == 429, f"RateLimitError status {e.status_code}")
+    finally:
+        holder.join(h.slack(60))
+
+    # The openai package's own retries honour retry-after-ms: it waits what the server said,
+    # retries, and gets through once the slot is free.
+    log = RetryLog()
+    logger = logging.getLogger("openai")
+    old_level = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(log)
+    started = threading.Event()
+    holder = threading.Thread(target=hold_solo_slot, args=(ctx, started, 40))
+    holder.start()
+    try:
+        check(started.wait(h.slack(30)), "the slot holder never started")
+        first = requests.post(ctx.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {SOLO}"},
+                              json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+                              timeout=h.slack(30))
+        told = int(first.headers.get("retry-after-ms", "0")) / 1000 if first.status_code == 429 else None
+        r = ctx.client(key=SOLO, max_retries=8).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+        check(r.choices[0].message.content is not None, "no completion after retries")
+    finally:
+        holder.join(h.slack(60))
+        logger.removeHandler(log)
+        logger.setLevel(old_level)
+    if told is not None:
+        check(log.waits, "the openai client got through without a retry while the slot was held")
+        check(all(w > 0.05 for w in log.waits), f"retry waits {log.waits}")
+        ctx.notes.append(f"the server said retry after {told:.2f} s; the openai client waited {log.waits}")
+
+
+def test_backoff_loop_of_the_articles(ctx):
+    """The client pattern the articles show (requests, a timeout, exponential backoff), made
+    honest by Retry-After: it never retries sooner than the server said, and gets through."""
+    started = threading.Event()
+    holder = threading.Thread(target=hold_solo_slot, args=(ctx, started, 40))
+    holder.start()
+    attempts = 0
+    try:
+        check(started.wait(h.slack(30)), "the slot holder never started")
+        delay, body = 0.25, None
+        deadline = time.monotonic() + h.slack(60)
+        while time.monotonic() < deadline:
+            attempts += 1
+            r = requests.post(ctx.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {SOLO}"},
+                              json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+                              timeout=h.slack(30))
+            if r.status_code == 200:
+                body = r.json()
+                break
+            check(r.status_code == 429, f"status {r.status_code}: {r.text[:200]}")
+            time.sleep(max(float(r.headers["retry-after-ms"]) / 1000, delay))  # never sooner than told
+            delay = min(delay * 2, 8)
+        check(body is not None, f"no success in {attempts} attempts")
+    finally:
+        holder.join(h.slack(60))
+    check(attempts >= 2, "the first attempt got through: the slot was not held")
+    ctx.notes.append(f"backoff loop got through after {attempts} attempts")
+
+
+# ---------------------------------------------------------------------------------------------
+# Resources: cancellation, flow control, shutdown
+
+
+def test_client_going_away_cancels(ctx):
+    wait_until_idle(ctx)
+    # Not streamed: the client times out while the server generates; the request must stop.
+    try:
+        ctx.client(timeout=1.0).completions.create(model=MODEL, prompt=LONG_TEXT, max_tokens=3000, temperature=0)
+        raise h.TestFailure("a 3000-token completion finished within a 1 s timeout")
+    except openai.APITimeoutError:
+        pass
+    wait_until_idle(ctx, timeout=10)
+    # Streamed: the client reads a few chunks and closes the stream.
+    stream = ctx.client().completions.create(model=MODEL, prompt=LONG_TEXT, max_tokens=3000, temperature=0,
+                                             stream=True)
+    for i, _ in enumerate(stream):
+        if i == 3:
+            break
+    stream.close()
+    wait_until_idle(ctx, timeout=10)
+
+
+def test_slow_reader_pauses_its_stream(ctx):
+    """A stream's reader that stops reading stops its sequence (the window, then the socket's
+    small buffer), instead of the server buffering the whole answer."""
+    if h.SANITIZED:
+        ctx.notes.append("skipped under sanitizers (needs 1500 tokens at full speed)")
+        return
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect((ctx.server.host, ctx.server.http_port))
+    body = json.dumps({"prompt": LONG_TEXT, "max_tokens": 1500, "stream": True, "temperature": 0}).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s"
+              % (PREMIUM.encode(), len(body), body))
+    s.recv(1024)
+    stop_reading = 4.0
+    time.sleep(stop_reading)
+    data = b""
+    s.settimeout(h.slack(120))
+    while b"[DONE]" not in data:
+        d = s.recv(65536)
+        if not d:
+            break
+        data += d
+    s.close()
+    finals = [json.loads(line[6:]) for line in data.decode(errors="replace").splitlines()
+              if line.startswith("data: {") and '"finish_reason":"length"' in line]
+    check(finals, "no final chunk")
+    pause = finals[-1]["tireless"]["longest_pause_ms"]
+    check(pause >= 1000, f"the longest pause was {pause:.0f} ms while the reader stopped for {stop_reading} s: "
+                         "the stream was buffered, not paused")
+    ctx.notes.append(f"reader stopped {stop_reading} s; the sequence paused {pause:.0f} ms")
+
+
+def test_ready_turns_503_on_sigterm_and_streams_end(ctx):
+    server = ctx.server
+    url = ctx.url
+    result = {}
+
+    def streamer():
+        try:
+            stream = ctx.client().completions.create(model=MODEL, prompt=LONG_TEXT, max_tokens=400, temperature=0,
+                                                     stream=True)
+            result["chunks"] = sum(1 for _ in stream)
+        except openai.APIError as e:
+            result["error"] = e
+
+    t = threading.Thread(target=streamer)
+    t.start()
+    time.sleep(h.slack(0.5))
+    server.terminate()
+    time.sleep(0.2)
+    statuses = set()
+    refused = None
+    try:
+        statuses.add(requests.get(url + "/ready", timeout=5).status_code)
+        refused = requests.post(url + "/v1/chat/completions", headers={"Authorization": f"Bearer {PREMIUM}"},
+                                json={"messages": [{"role": "user", "content": "Hi"}]}, timeout=5)
+    except requests.exceptions.ConnectionError:
+        pass  # already gone: possible on a very fast stop
+    t.join(h.slack(60))
+    code = server.wait(h.slack(30))
+    check(code == 0, f"the server exited {code} after SIGTERM")
+    if statuses:
+        check(statuses == {503}, f"/ready during the grace period: {statuses}")
+    if refused is not None:
+        check(refused.status_code == 503 and refused.headers.get("Retry-After"),
+              f"a new request while stopping: {refused.status_code} {refused.text[:200]}")
+    check("chunks" in result or "error" in result, "the running stream got no end")
+
+
+TESTS = [
+    test_models_health_ready,
+    test_chat_completion,
+    test_completions_greedy_and_seeded,
+    test_stream_equals_whole,
+    test_async_client,
+    test_errors_are_the_openai_exceptions,
+    test_bad_input_battery,
+    test_curl,
+    test_429_retry_after,
+    test_backoff_loop_of_the_articles,
+    test_client_going_away_cancels,
+    test_slow_reader_pauses_its_stream,
+    test_ready_turns_503_on_sigterm_and_streams_end,
+]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--server", required=True)
+    p.add_argument("--config", required=True)
+    p.add_argument("-k", action="append", default=[])
+    p.add_argument("--keep", action="store_true")
+    args = p.parse_args()
+    if skip := h.missing_model(args.config):
+        print(skip)
+        return 77
+    workdir = tempfile.mkdtemp(prefix="tireless-http-e2e-")
+    ctx = Context(args, workdir)
+    passed = failed = 0
+    try:
+        for fn in [t for t in TESTS if not args.k or any(k in t.__name__ for k in args.k)]:
+            ctx.notes = []
+            t0 = time.monotonic()
+            error = None
+            try:
+                ctx.ensure_server()
+                fn(ctx)
+            except h.TestFailure as e:
+                error = str(e)
+            except Exception:  # noqa: BLE001
+                error = traceback.format_exc()
+            if ctx.server is not None and error:
+                error += f"\n--- server stderr (last lines) ---\n{ctx.server.stderr_text(30)}"
+            seconds = time.monotonic() - t0
+            if error:
+                failed += 1
+                print(f"FAIL  {fn.__name__} ({seconds:.1f} s)\n" + "\n".join("      " + x for x in error.splitlines()),
+                      flush=True)
+            else:
+                passed += 1
+                print(f"ok    {fn.__name__} ({seconds:.1f} s)", flush=True)
+            for n in ctx.notes:
+                print(f"      note: {n}", flush=True)
+    finally:
+        if ctx.server is not None and ctx.server.alive():
+            ctx.server.stop(timeout=h.SHUTDOWN_GRACE_MS / 1000 + 5)
+        if args.keep or failed:
+            print(f"configs and server logs: {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(f"{passed} passed, {failed} failed", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
