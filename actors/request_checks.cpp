@@ -55,6 +55,19 @@ std::optional<request_problem> prepare_prompt(const request& r, const model* lm,
   return std::nullopt;
 }
 
+sampling_params sampling_params_of(const sampling_options& s) {
+  sampling_params p;
+  p.temperature = s.temperature;
+  p.top_k = s.top_k;
+  p.top_p = s.top_p;
+  p.seed = s.seed;
+  p.min_p = s.min_p;
+  p.presence_penalty = s.presence_penalty;
+  p.frequency_penalty = s.frequency_penalty;
+  p.repetition_penalty = s.repetition_penalty;
+  return p;
+}
+
 std::optional<request_problem> check_request(const request& r, const model* lm, int32_t prompt_tokens,
                                              const request_limits& lim) {
   auto invalid = [](std::string message) { return request_problem{"invalid", std::move(message)}; };
@@ -67,6 +80,13 @@ std::optional<request_problem> check_request(const request& r, const model* lm, 
     return invalid("temperature must be a number in [0, 100]");
   if (!(r.sampling.top_p > 0.0f && r.sampling.top_p <= 1.0f)) return invalid("top_p must be in (0, 1]");
   if (r.sampling.top_k < 0) return invalid("top_k must be 0 or positive");
+  if (!(r.sampling.min_p >= 0.0f && r.sampling.min_p <= 1.0f)) return invalid("min_p must be in [0, 1]");
+  if (!(r.sampling.presence_penalty >= -2.0f && r.sampling.presence_penalty <= 2.0f))
+    return invalid("presence_penalty must be in [-2, 2]");
+  if (!(r.sampling.frequency_penalty >= -2.0f && r.sampling.frequency_penalty <= 2.0f))
+    return invalid("frequency_penalty must be in [-2, 2]");
+  if (!(r.sampling.repetition_penalty > 0.0f && r.sampling.repetition_penalty <= 10.0f))
+    return invalid("repetition_penalty must be in (0, 10]; 1 is off");
   if (!lm && !r.stop.empty()) return invalid("stop sequences need a tokenizer; this backend has none");
   const int32_t limit = prompt_token_limit(lim);
   if (prompt_tokens > limit) {

@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "model/sampler.hpp"
 #include "model/tokenizer.hpp"
 #include "tireless/runtime.hpp"
 
@@ -52,6 +53,9 @@ inline request_problem prompt_bytes_problem(size_t bytes, size_t limit_bytes, in
           fmt::format("the prompt has {} bytes of text; at most {} bytes ({} tokens) are accepted. Split it into "
                       "smaller requests", bytes, limit_bytes, limit_tokens)};
 }
+
+// The sampler's parameters of a request's sampling options (the same fields).
+sampling_params sampling_params_of(const sampling_options& s);
 
 // The max_tokens a request runs with.
 inline int32_t effective_max_tokens(const request& r, const request_limits& lim) {

@@ -92,7 +92,7 @@ bool start(self_ptr self) {
   b.setTierPriority(st.o.tier_priority);
   auto p = b.initPrompt(static_cast<unsigned>(prompt.size()));
   for (unsigned i = 0; i < prompt.size(); ++i) p.set(i, prompt[i]);
-  set_sampling(b.initSampling(), {r.sampling.temperature, r.sampling.top_k, r.sampling.top_p, r.sampling.seed});
+  set_sampling(b.initSampling(), sampling_params_of(r.sampling));
   b.setMaxTokens(max_tokens);
   auto stops = b.initStopTokens(static_cast<unsigned>(st.stop_tokens.size()));
   for (unsigned i = 0; i < st.stop_tokens.size(); ++i) stops.set(i, st.stop_tokens[i]);

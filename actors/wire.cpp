@@ -201,10 +201,23 @@ void set_sampling(proto::Sampling::Builder b, const sampling_params& p) {
   b.setTopK(p.top_k);
   b.setTopP(p.top_p);
   b.setSeed(p.seed);
+  b.setMinP(p.min_p);
+  b.setPresencePenalty(p.presence_penalty);
+  b.setFrequencyPenalty(p.frequency_penalty);
+  b.setRepetitionPenalty(p.repetition_penalty);
 }
 
 sampling_params sampling_of(proto::Sampling::Reader r) {
-  return {r.getTemperature(), r.getTopK(), r.getTopP(), r.getSeed()};
+  sampling_params p;
+  p.temperature = r.getTemperature();
+  p.top_k = r.getTopK();
+  p.top_p = r.getTopP();
+  p.seed = r.getSeed();
+  p.min_p = r.getMinP();
+  p.presence_penalty = r.getPresencePenalty();
+  p.frequency_penalty = r.getFrequencyPenalty();
+  p.repetition_penalty = r.getRepetitionPenalty();
+  return p;
 }
 
 owned<proto::StepRequest> to_wire(uint64_t step_id, const step_batch& batch,
@@ -226,6 +239,13 @@ owned<proto::StepRequest> to_wire(uint64_t step_id, const step_batch& batch,
     sb.setSample(s.sample);
     set_sampling(sb.initSampling(), s.sampling);
     sb.setWantLogits(s.want_logits);
+    if (!s.history.empty()) {
+      const auto from = static_cast<size_t>(std::clamp(s.history_from, 0, s.start_pos));
+      fill(sb.initHistory(static_cast<unsigned>(static_cast<size_t>(s.start_pos) - from)),
+           s.history.subspan(from, static_cast<size_t>(s.start_pos) - from));
+      sb.setHistoryFrom(static_cast<int32_t>(from));
+      sb.setPromptLen(s.prompt_len);
+    }
   }
   auto cb = b.initCopies(static_cast<unsigned>(copies.size()));
   for (unsigned i = 0; i < copies.size(); ++i) {
@@ -253,7 +273,10 @@ std::span<const int32_t> view_of(capnp::List<int32_t>::Reader list) {
 }  // namespace
 
 void unpack(proto::StepRequest::Reader r, step_storage& out) {
-  for (seq_id s : r.getForget()) out.tables.erase(s);
+  for (seq_id s : r.getForget()) {
+    out.tables.erase(s);
+    out.histories.erase(s);
+  }
   const auto seqs = r.getSeqs();
   out.batch.seqs.resize(seqs.size());
   for (unsigned i = 0; i < seqs.size(); ++i) {
@@ -276,6 +299,21 @@ void unpack(proto::StepRequest::Reader r, step_storage& out) {
     st.sample = s.getSample();
     st.sampling = sampling_of(s.getSampling());
     st.want_logits = s.getWantLogits();
+    st.history = {};
+    if (st.sampling.penalized()) {
+      std::vector<int32_t>& h = out.histories[st.seq_id];
+      const uint32_t hfrom = static_cast<uint32_t>(std::max(s.getHistoryFrom(), 0));
+      if (hfrom > h.size()) {
+        throw std::runtime_error("a step's token history starts at position " + std::to_string(hfrom) +
+                                 " of sequence " + std::to_string(st.seq_id) + ", whose earlier tokens this shard never received");
+      }
+      const std::span<const int32_t> before = view_of(s.getHistory());
+      h.resize(hfrom);
+      h.insert(h.end(), before.begin(), before.end());
+      h.insert(h.end(), st.tokens.begin(), st.tokens.end());
+      st.history = h;
+      st.prompt_len = s.getPromptLen();
+    }
   }
   out.copies.clear();
   for (auto c : r.getCopies()) out.copies.emplace_back(c.getSrc(), c.getDst());

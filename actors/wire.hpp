@@ -35,7 +35,8 @@ std::pair<sequence_spec, std::vector<std::string>> sequence_of(proto::GenerateRe
 void set_sampling(proto::Sampling::Builder b, const sampling_params& p);
 sampling_params sampling_of(proto::Sampling::Reader r);
 
-// Block tables travel as deltas (sequence_step::table_from); `forget`: sequences that ended.
+// Block tables and penalized sequences' token histories travel as deltas (sequence_step::
+// table_from, history_from); `forget`: sequences that ended.
 owned<proto::StepRequest> to_wire(uint64_t step_id, const step_batch& batch,
                                   const std::vector<std::pair<block_id, block_id>>& copies,
                                   const std::vector<seq_id>& forget = {});
@@ -46,6 +47,7 @@ owned<proto::StepRequest> to_wire(uint64_t step_id, const step_batch& batch,
 // must outlive the batch's use.
 struct step_storage {
   std::unordered_map<seq_id, std::vector<int32_t>> tables;
+  std::unordered_map<seq_id, std::vector<int32_t>> histories;  // penalized sequences' tokens so far
   std::vector<std::pair<int32_t, int32_t>> copies;
   step_batch batch;
 };

@@ -26,6 +26,12 @@ struct sequence_step {
   // Between actors and processes only: the step's receiver already has block_table[0,
   // table_from) from earlier steps, so a step request carries the rest (backends ignore it).
   int32_t table_from = 0;
+  // For the sampler's penalties (sampling.penalized() only; empty otherwise): the tokens at
+  // positions [0, start_pos + tokens.size()), the prompt's first prompt_len of them. Between
+  // actors, the receiver already has history[0, history_from) from earlier steps.
+  std::span<const token_id> history;
+  int32_t prompt_len = 0;
+  int32_t history_from = 0;
 };
 
 struct step_batch {

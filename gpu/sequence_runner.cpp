@@ -101,6 +101,10 @@ std::vector<generation_output> sequence_runner::run(const std::vector<generation
       st.sample = n == left;  // the last chunk gives the first generated token
       st.sampling = reqs[i].sampling;
       st.want_logits = st.sample && reqs[i].keep_logits;
+      if (st.sampling.penalized()) {
+        st.history = std::span<const token_id>(s.tokens.data(), static_cast<size_t>(s.done_positions + n));
+        st.prompt_len = static_cast<int32_t>(s.prompt_size);
+      }
       batch.seqs.push_back(st);
       owner.push_back(i);
       budget -= n;
@@ -123,6 +127,10 @@ std::vector<generation_output> sequence_runner::run(const std::vector<generation
       st.sample = true;
       st.sampling = reqs[i].sampling;
       st.want_logits = reqs[i].keep_logits;
+      if (st.sampling.penalized()) {
+        st.history = s.tokens;
+        st.prompt_len = static_cast<int32_t>(s.prompt_size);
+      }
       batch.seqs.push_back(st);
       owner.push_back(i);
     }

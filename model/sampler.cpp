@@ -33,11 +33,44 @@ token_id argmax(std::span<const float> logits) {
 // precision in any realistic way; dropping them keeps the sort short.
 constexpr float negligible_log_ratio = 30.0f;
 
+// Calls f(token, count) once per distinct token of `tokens` (ids outside [0, n) skipped).
+template <class F>
+void for_each_count(std::span<const token_id> tokens, size_t n, std::vector<token_id>& sorted, F f) {
+  sorted.assign(tokens.begin(), tokens.end());
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size();) {
+    size_t j = i;
+    while (j < sorted.size() && sorted[j] == sorted[i]) ++j;
+    if (sorted[i] >= 0 && static_cast<size_t>(sorted[i]) < n) f(sorted[i], static_cast<int32_t>(j - i));
+    i = j;
+  }
+}
+
+// The logits after the penalties, in scratch.penalized.
+std::span<const float> penalize(std::span<const float> logits, const sampling_params& p, sampler_scratch& scratch,
+                                std::span<const token_id> history, int32_t prompt_len) {
+  auto& l = scratch.penalized;
+  l.assign(logits.begin(), logits.end());
+  if (p.repetition_penalty != 1.0f) {
+    for_each_count(history, l.size(), scratch.sorted, [&](token_id t, int32_t) {
+      l[t] = l[t] > 0 ? l[t] / p.repetition_penalty : l[t] * p.repetition_penalty;
+    });
+  }
+  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+    const size_t from = std::min(history.size(), static_cast<size_t>(std::max(prompt_len, 0)));
+    for_each_count(history.subspan(from), l.size(), scratch.sorted, [&](token_id t, int32_t count) {
+      l[t] -= p.presence_penalty + p.frequency_penalty * static_cast<float>(count);
+    });
+  }
+  return l;
+}
+
 }  // namespace
 
 token_id sample(std::span<const float> logits, const sampling_params& p, uint64_t draw,
-                sampler_scratch& scratch) {
+                sampler_scratch& scratch, std::span<const token_id> history, int32_t prompt_len) {
   assert(!logits.empty());
+  if (p.penalized() && !history.empty()) logits = penalize(logits, p, scratch, history, prompt_len);
   if (p.temperature <= 0.0f || p.top_k == 1) return argmax(logits);
   const float max_logit = logits[argmax(logits)];
   auto& c = scratch.candidates;
@@ -60,9 +93,12 @@ token_id sample(std::span<const float> logits, const sampling_params& p, uint64_
     total += v;
   }
   size_t keep = c.size();
+  if (p.min_p > 0.0f) {  // c[0] is the most likely, with weight 1
+    while (keep > 1 && c[keep - 1].first < p.min_p) --keep;
+  }
   if (p.top_p < 1.0f) {
     double cumulative = 0.0;
-    for (size_t i = 0; i < c.size(); ++i) {
+    for (size_t i = 0; i < keep; ++i) {
       cumulative += c[i].first / total;
       if (cumulative >= p.top_p) {
         keep = i + 1;

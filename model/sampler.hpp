@@ -1,5 +1,6 @@
 #pragma once
-// Choosing the next token from logits: greedy, or temperature with top-k and top-p.
+// Choosing the next token from logits: greedy, or temperature with top-k, top-p and min-p;
+// either after the repetition, presence and frequency penalties over the tokens so far.
 
 #include <cstdint>
 #include <span>
@@ -15,17 +16,30 @@ struct sampling_params {
   int32_t top_k = 0;         // keep the k most likely tokens; 0: all
   float top_p = 1.0f;        // keep the smallest set whose probability reaches top_p; in (0, 1]
   uint64_t seed = 0;
+  float min_p = 0.0f;        // drop tokens less likely than min_p x the most likely one's; [0, 1]
+  // OpenAI's penalties, over the generated tokens: logit -= presence (a token generated at
+  // least once) + frequency x its count. [-2, 2]
+  float presence_penalty = 0.0f, frequency_penalty = 0.0f;
+  // The CTRL paper's (vLLM's, llama.cpp's), over the prompt and generated tokens: a positive
+  // logit is divided by it, a negative one multiplied; 1: off. > 0.
+  float repetition_penalty = 1.0f;
+
+  bool penalized() const { return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f; }
 };
 
 // Reusable work space, so sampling allocates nothing once warmed up.
 struct sampler_scratch {
   std::vector<std::pair<float, token_id>> candidates;
+  std::vector<float> penalized;  // [n_vocab] the logits after the penalties
+  std::vector<token_id> sorted;  // the history, sorted: runs of one token
 };
 
 // The token for draw number `draw` (the position the token will take). The random number
 // comes from (seed, draw) alone, so the same seed gives the same text, and a sequence
 // recomputed after preemption draws the same tokens again.
+// history: every token before the draw, prompt first (its first prompt_len); the penalties
+// read it, and it is unused when p.penalized() is false.
 token_id sample(std::span<const float> logits, const sampling_params& p, uint64_t draw,
-                sampler_scratch& scratch);
+                sampler_scratch& scratch, std::span<const token_id> history = {}, int32_t prompt_len = 0);
 
 }  // namespace tireless

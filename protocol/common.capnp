@@ -10,6 +10,10 @@ struct Sampling {
   topK @1 :Int32 = 0;             # 0: all tokens
   topP @2 :Float32 = 1.0;         # in (0, 1]
   seed @3 :UInt64 = 0;
+  minP @4 :Float32 = 0.0;         # [0, 1]: drop tokens less likely than minP x the most likely's
+  presencePenalty @5 :Float32 = 0.0;   # [-2, 2], over generated tokens (OpenAI's)
+  frequencyPenalty @6 :Float32 = 0.0;  # [-2, 2], per occurrence in generated tokens (OpenAI's)
+  repetitionPenalty @7 :Float32 = 1.0; # > 0, over prompt and generated tokens; 1: off
 }
 
 # Every request ends with exactly one Outcome.

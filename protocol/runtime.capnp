@@ -121,6 +121,9 @@ struct SeqStep {
   sampling @5 :Common.Sampling;
   wantLogits @6 :Bool;
   tableFrom @7 :Int32;         # the shard has the blocks before it from earlier steps
+  history @8 :List(Int32);     # penalties only: the tokens at [historyFrom, startPos)
+  historyFrom @9 :Int32;       # the shard has the history before it from earlier steps
+  promptLen @10 :Int32;        # the history's first promptLen tokens are the prompt
 }
 
 struct StepReply {

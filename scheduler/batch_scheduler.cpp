@@ -361,6 +361,7 @@ step_batch batch_scheduler::finalize(const kv_reply& reply) {
     s.table.clear();
     if (s.shard_has > 0) forgotten_.push_back(p);
     s.shard_has = 0;
+    s.shard_history = 0;
     ++s.preemptions;
     pending_events_.push_back({scheduler_event::kind::preempted, p, {}, {}});
   }
@@ -398,6 +399,12 @@ step_batch batch_scheduler::finalize(const kv_reply& reply) {
     s.shard_has = static_cast<int32_t>(s.table.size());
     st.sample = s.computed + n == static_cast<int32_t>(s.tokens.size());
     st.sampling = s.spec.sampling;
+    if (st.sampling.penalized()) {
+      st.history = std::span<const token_id>(s.tokens.data(), static_cast<size_t>(s.computed + n));
+      st.prompt_len = static_cast<int32_t>(s.tokens.size()) - s.generated;
+      st.history_from = std::min(s.shard_history, s.computed);
+      s.shard_history = s.computed + n;
+    }
     batch_.seqs.push_back(st);
     batch_seqs_.push_back(s.spec.id);
   }

@@ -149,6 +149,7 @@ class batch_scheduler {
     int32_t committed_blocks = 0;  // full blocks already offered to the prefix cache
     std::vector<block_id> table;
     int32_t shard_has = 0;         // leading table entries the shard got in earlier steps
+    int32_t shard_history = 0;     // leading tokens the shard got for the penalties, likewise
     int64_t first_token_at = -1;   // the `now` of the commit that produced it
     int64_t last_token_at = -1;    // likewise, of its latest token
     bool paused() const { return spec.token_window > 0 && window <= 0; }

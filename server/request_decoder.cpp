@@ -92,7 +92,14 @@ std::variant<decoded_request, request_problem> decode_request(rpc::GenerateReque
     return invalid("parseSpecialTokens applies to text input only; chat message contents are always plain text");
   }
   const auto s = r.getSampling();
-  q.sampling = {s.getTemperature(), s.getTopK(), s.getTopP(), s.getSeed()};
+  q.sampling.temperature = s.getTemperature();
+  q.sampling.top_k = s.getTopK();
+  q.sampling.top_p = s.getTopP();
+  q.sampling.seed = s.getSeed();
+  q.sampling.min_p = s.getMinP();
+  q.sampling.presence_penalty = s.getPresencePenalty();
+  q.sampling.frequency_penalty = s.getFrequencyPenalty();
+  q.sampling.repetition_penalty = s.getRepetitionPenalty();
   if (!std::isfinite(q.sampling.temperature) || q.sampling.temperature < 0 || q.sampling.temperature > 100) {
     return invalid(fmt::format("sampling.temperature is {}; use a number from 0 (greedy) to 100", q.sampling.temperature));
   }
@@ -100,6 +107,17 @@ std::variant<decoded_request, request_problem> decode_request(rpc::GenerateReque
     return invalid(fmt::format("sampling.topP is {}; use a number in (0, 1]", q.sampling.top_p));
   }
   if (q.sampling.top_k < 0) return invalid(fmt::format("sampling.topK is {}; use 0 (all) or more", q.sampling.top_k));
+  if (!(q.sampling.min_p >= 0 && q.sampling.min_p <= 1)) {
+    return invalid(fmt::format("sampling.minP is {}; use a number in [0, 1]", q.sampling.min_p));
+  }
+  for (auto [v, name] : {std::pair{q.sampling.presence_penalty, "presencePenalty"},
+                         std::pair{q.sampling.frequency_penalty, "frequencyPenalty"}}) {
+    if (!(v >= -2 && v <= 2)) return invalid(fmt::format("sampling.{} is {}; use a number in [-2, 2]", name, v));
+  }
+  if (!(q.sampling.repetition_penalty > 0 && q.sampling.repetition_penalty <= 10)) {
+    return invalid(fmt::format("sampling.repetitionPenalty is {}; use a number in (0, 10] (1: off)",
+                               q.sampling.repetition_penalty));
+  }
   const int32_t max_tokens = r.getMaxTokens();
   if (max_tokens == 0 || max_tokens < -1) {
     return invalid(fmt::format("maxTokens is {}; use at least 1, or leave it unset for the server's default", max_tokens));

@@ -2,7 +2,12 @@
 // a user message; the whole conversation is sent each turn and the answer streams back.
 //
 //   tireless-chat [--host 127.0.0.1] [--port 7433] [--key sk-premium-demo] [--system TEXT]
-//                 [--max-tokens N]
+//                 [--max-tokens N] [--temperature 0.7] [--top-p 0.9] [--top-k 40] [--min-p 0.05]
+//                 [--repeat-penalty 1.1] [--seed N]
+//
+// It samples as a person expects a chat to (the defaults of ollama's and llama.cpp's CLIs:
+// temperature, top-k/top-p/min-p and a mild repetition penalty; a new seed each turn unless
+// --seed is given); --temperature 0 is greedy.
 //
 // "/quit" or end of input ends the chat, "/reset" forgets the conversation. Refusals,
 // degradations and cut-short answers are printed in brackets; a refused or failed turn is
@@ -17,6 +22,7 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -107,6 +113,9 @@ struct chat_options {
   std::string key = "sk-premium-demo";
   std::string system;
   int32_t max_tokens = -1;
+  float temperature = 0.7f, top_p = 0.9f, min_p = 0.05f, repeat_penalty = 1.1f;
+  int32_t top_k = 40;
+  int64_t seed = -1;  // -1: a new one each turn
 };
 
 // Sends the conversation, streams the answer to stdout; the outcome is in the returned turn.
@@ -116,6 +125,13 @@ std::shared_ptr<turn> ask(rpc::Inference::Client& inference, kj::WaitScope& wait
   auto request = call.initRequest();
   request.setApiKey(o.key);
   request.setMaxTokens(o.max_tokens);
+  auto sampling = request.initSampling();
+  sampling.setTemperature(o.temperature);
+  sampling.setTopP(o.top_p);
+  sampling.setTopK(o.top_k);
+  sampling.setMinP(o.min_p);
+  sampling.setRepetitionPenalty(o.repeat_penalty);
+  sampling.setSeed(o.seed >= 0 ? static_cast<uint64_t>(o.seed) : (uint64_t{std::random_device{}()} << 32) | std::random_device{}());
   auto messages = request.getInput().initMessages(static_cast<unsigned>(history.size()));
   for (unsigned i = 0; i < history.size(); ++i) {
     messages[i].setRole(history[i].role);
@@ -140,6 +156,15 @@ int main(int argc, char** argv) {
   app.add_option("--system", o.system, "system message that starts the conversation");
   app.add_option("--max-tokens", o.max_tokens, "most tokens per answer; -1: the server's default")
       ->capture_default_str();
+  app.add_option("--temperature", o.temperature, "sampling temperature; 0 is greedy")
+      ->capture_default_str()->check(CLI::Range(0.0, 2.0));
+  app.add_option("--top-p", o.top_p, "nucleus mass, in (0, 1]")->capture_default_str()->check(CLI::Range(1e-6, 1.0));
+  app.add_option("--top-k", o.top_k, "most likely tokens kept; 0: all")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--min-p", o.min_p, "drop tokens under this share of the best one's probability")
+      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  app.add_option("--repeat-penalty", o.repeat_penalty, "penalty on tokens already in the conversation; 1: off")
+      ->capture_default_str()->check(CLI::Range(0.01, 10.0));
+  app.add_option("--seed", o.seed, "sampling seed for every turn (reproducible answers); default: a new one each turn");
   CLI11_PARSE(app, argc, argv);
 
   const bool interactive = isatty(STDIN_FILENO);

@@ -484,7 +484,7 @@ void cpu_backend::output(const step_batch& b, step_result& result) {
       if (!q.sample) continue;
       const std::span<const float> logits(&logits_[out_of_seq_[s] * v], static_cast<size_t>(v));
       const uint64_t draw = static_cast<uint64_t>(q.start_pos) + q.tokens.size();
-      result.next[s] = sample(logits, q.sampling, draw, scratch);
+      result.next[s] = sample(logits, q.sampling, draw, scratch, q.history, q.prompt_len);
     }
   });
   for (size_t s = 0; s < b.seqs.size(); ++s) {

@@ -172,6 +172,28 @@ def test_stream_equals_whole(ctx):
     check("".join(parts) == greedy, f"completion stream {''.join(parts)!r} != {greedy!r}")
 
 
+def test_penalties_and_min_p_reach_the_sampler(ctx):
+    """Greedy text that repeats itself repeats less under each penalty (deterministic: greedy)."""
+    c = ctx.client()
+    prompt = "The list of fruits: apple, banana,"
+
+    def distinct_share(**kw):
+        text = c.completions.create(model=MODEL, prompt=prompt, max_tokens=40, temperature=0, **kw).choices[0].text
+        words = text.split()
+        return len(set(words)) / max(1, len(words)), text
+
+    plain, plain_text = distinct_share()
+    for kw in ({"extra_body": {"repetition_penalty": 1.3}}, {"frequency_penalty": 1.0}, {"presence_penalty": 1.5}):
+        share, text = distinct_share(**kw)
+        check(text != plain_text, f"{kw} did not change the greedy text {plain_text!r}")
+        check(share > plain, f"{kw}: {share:.2f} of the words distinct, no more than without ({plain:.2f})")
+    # min_p = 1 keeps only the most likely token: sampling at temperature 1 becomes greedy.
+    greedy = c.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0).choices[0].text
+    sampled = c.completions.create(model=MODEL, prompt=prompt, max_tokens=16, seed=5,
+                                   extra_body={"min_p": 1.0}).choices[0].text
+    check(sampled == greedy, f"min_p = 1 at temperature 1 gave {sampled!r}, greedy {greedy!r}")
+
+
 def test_async_client(ctx):
     async def run():
         client = openai.AsyncOpenAI(base_url=ctx.url + "/v1", api_key=PREMIUM, max_retries=0, timeout=h.slack(60))
@@ -515,6 +537,7 @@ TESTS = [
     test_chat_completion,
     test_completions_greedy_and_seeded,
     test_stream_equals_whole,
+    test_penalties_and_min_p_reach_the_sampler,
     test_async_client,
     test_errors_are_the_openai_exceptions,
     test_bad_input_battery,

@@ -171,5 +171,58 @@ TEST(sampler, a_sequence_recomputed_after_preemption_draws_the_same_tokens) {
   EXPECT_GT(std::set<token_id>(tokens.begin(), tokens.end()).size(), 3u);
 }
 
+TEST(sampler, repetition_penalty_divides_positive_and_multiplies_negative_logits_of_seen_tokens) {
+  sampler_scratch scratch;
+  sampling_params p;  // greedy
+  p.repetition_penalty = 2.0f;
+  // Token 0 (3.0) seen: 1.5 < token 1's 2.0. Token 2 (-1.0) seen: -2.0.
+  const std::vector<float> logits = {3.0f, 2.0f, -1.0f, -1.5f};
+  EXPECT_EQ(sample(logits, sampling_params{}, 0, scratch), 0);
+  const std::vector<token_id> history = {0, 0, 2};
+  EXPECT_EQ(sample(logits, p, 0, scratch, history, 3), 1);  // prompt tokens count too
+  const std::vector<float> negative = {-3.0f, -2.5f, -1.0f, -1.5f};
+  EXPECT_EQ(sample(negative, p, 0, scratch, std::vector<token_id>{2}, 1), 3);  // -2.0 < -1.5
+}
+
+TEST(sampler, presence_and_frequency_penalties_count_generated_tokens_only) {
+  sampler_scratch scratch;
+  const std::vector<float> logits = {3.0f, 2.5f, 0.0f};
+  const std::vector<token_id> history = {0, 0, 0, 1, 0};  // prompt {0, 0, 0}; generated {1, 0}
+  sampling_params presence;
+  presence.presence_penalty = 1.0f;  // 0: 2.0, 1: 1.5
+  EXPECT_EQ(sample(logits, presence, 0, scratch, history, 3), 0);
+  sampling_params frequency;
+  frequency.frequency_penalty = 0.6f;  // each generated once: 0: 3.0 - 0.6 = 2.4, 1: 2.5 - 0.6 = 1.9
+  EXPECT_EQ(sample(logits, frequency, 0, scratch, history, 3), 0);
+  const std::vector<token_id> repeated = {1, 0, 0, 0};  // prompt {1}; generated 0 three times
+  EXPECT_EQ(sample(logits, frequency, 0, scratch, repeated, 1), 1);  // 3.0 - 1.8 = 1.2 < 2.5
+  // The whole history as prompt: nothing generated, nothing penalized.
+  EXPECT_EQ(sample(logits, frequency, 0, scratch, repeated, 4), 0);
+}
+
+TEST(sampler, min_p_drops_tokens_less_likely_than_its_share_of_the_best) {
+  // At temperature 1, token 2 has e^-3 (5%) of token 0's probability, token 1 e^-0.5 (61%).
+  const std::vector<float> logits = {0.0f, -0.5f, -3.0f};
+  sampling_params p = with_temperature(1.0f);
+  p.min_p = 0.1f;
+  const std::vector<int> counts = histogram(logits, p, 4000);
+  EXPECT_EQ(counts[2], 0);
+  EXPECT_GT(counts[1], 1000);
+  p.min_p = 0.01f;
+  EXPECT_GT(histogram(logits, p, 4000)[2], 0);
+}
+
+TEST(sampler, penalties_are_ignored_without_a_history_and_need_one_with) {
+  sampler_scratch scratch;
+  sampling_params p;
+  p.repetition_penalty = 5.0f;
+  EXPECT_FALSE(sampling_params{}.penalized());
+  EXPECT_TRUE(p.penalized());
+  const std::vector<float> logits = {1.0f, 0.5f};
+  EXPECT_EQ(sample(logits, p, 0, scratch), 0);
+  EXPECT_EQ(sample(logits, p, 0, scratch, std::vector<token_id>{0}, 1), 1);
+  EXPECT_EQ(sample(logits, p, 0, scratch, std::vector<token_id>{7, -1}, 1), 0);  // ids outside the vocabulary
+}
+
 }  // namespace
 }  // namespace tireless

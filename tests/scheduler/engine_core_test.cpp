@@ -14,8 +14,8 @@ namespace {
 // takes `step_seconds` per step: what the engine actor does, without actors.
 class engine_loop {
  public:
-  explicit engine_loop(engine_options o, int32_t n_blocks = 64)
-      : core_(o), blocks_({.n_blocks = n_blocks, .block_size = o.limits.block_size, .prefix_caching = false,
+  explicit engine_loop(engine_options o, int32_t n_blocks = 64, bool prefix_caching = false)
+      : core_(o), blocks_({.n_blocks = n_blocks, .block_size = o.limits.block_size, .prefix_caching = prefix_caching,
                            .watermark_blocks = 0}) {}
 
   void add(seq_id id, int32_t prompt_tokens, int32_t max_tokens, int64_t ttft_ms = 0, int64_t start_within_ms = 0,
@@ -24,8 +24,9 @@ class engine_loop {
     s.id = id;
     s.arrival = static_cast<uint64_t>(now_);
     s.prompt.resize(static_cast<size_t>(prompt_tokens));
-    std::iota(s.prompt.begin(), s.prompt.end(), static_cast<token_id>(100 * id));
+    std::iota(s.prompt.begin(), s.prompt.end(), static_cast<token_id>(same_prompts ? 100 : 100 * id));
     s.max_tokens = max_tokens;
+    s.sampling = sampling;
     s.ttft_target_ns = ttft_ms * 1'000'000;
     if (start_within_ms > 0) s.start_by = now_ + start_within_ms * 1'000'000;
     core_.add(std::move(s), std::move(degradations));
@@ -45,9 +46,23 @@ class engine_loop {
       collect();
       return true;
     }
-    // The shard's copies of the block tables: what a step sends, less what it says to forget.
-    for (seq_id s : g.forget) shard_tables_.erase(s);
+    // The shard's copies of the block tables (and penalized sequences' token histories): what
+    // a step sends, less what it says to forget.
+    for (seq_id s : g.forget) {
+      shard_tables_.erase(s);
+      shard_histories_.erase(s);
+    }
     for (const sequence_step& s : g.batch.seqs) {
+      EXPECT_EQ(s.sampling.penalized(), !s.history.empty());
+      if (!s.history.empty()) {
+        auto& h = shard_histories_[s.seq_id];
+        EXPECT_LE(static_cast<size_t>(s.history_from), h.size()) << "a history delta past what the shard has";
+        h.resize(static_cast<size_t>(s.history_from));
+        h.insert(h.end(), s.history.begin() + s.history_from, s.history.begin() + s.start_pos);
+        h.insert(h.end(), s.tokens.begin(), s.tokens.end());
+        EXPECT_TRUE(std::equal(h.begin(), h.end(), s.history.begin(), s.history.end()));
+        ++penalized_steps_;
+      }
       auto& table = shard_tables_[s.seq_id];
       EXPECT_LE(static_cast<size_t>(s.table_from), table.size()) << "a delta past what the shard has";
       table.resize(static_cast<size_t>(s.table_from));
@@ -83,6 +98,10 @@ class engine_loop {
   int ended(seq_id id) const { return ended_.count(id) ? ended_.at(id) : 0; }
   int32_t used(seq_id id) const { return used_.count(id) ? used_.at(id) : 0; }
   const std::map<seq_id, std::vector<int32_t>>& shard_tables() const { return shard_tables_; }
+  const std::map<seq_id, std::vector<int32_t>>& shard_histories() const { return shard_histories_; }
+  int penalized_steps() const { return penalized_steps_; }
+  sampling_params sampling;  // of the requests add() makes
+  bool same_prompts = false;  // add() gives every request the same prompt
 
  private:
   void collect() {
@@ -108,7 +127,8 @@ class engine_loop {
   std::map<seq_id, outcome> outcomes_;
   std::map<seq_id, int32_t> tokens_, used_;
   std::map<seq_id, int> ended_;
-  std::map<seq_id, std::vector<int32_t>> shard_tables_;
+  std::map<seq_id, std::vector<int32_t>> shard_tables_, shard_histories_;
+  int penalized_steps_ = 0;
 };
 
 engine_options small_engine() {
@@ -158,6 +178,33 @@ TEST(engine_core, block_tables_reach_the_shard_as_deltas_and_ended_sequences_are
   e.add(13, 4, 2);  // the next step carries what ended before it
   e.run();
   EXPECT_LE(e.shard_tables().size(), 1u) << "the shard keeps tables of sequences that ended";
+}
+
+TEST(engine_core, penalized_sequences_send_their_token_history_as_deltas_through_preemptions) {
+  engine_options o = small_engine();
+  o.limits.max_step_tokens = 8;
+  engine_loop e(o, /*n_blocks=*/24);
+  e.sampling.repetition_penalty = 1.3f;
+  for (seq_id id = 1; id <= 12; ++id) e.add(id, 9 + static_cast<int32_t>(id), 12);  // preemptions too
+  e.run();
+  for (seq_id id = 1; id <= 12; ++id) ASSERT_EQ(e.ended(id), 1) << id;
+  EXPECT_GT(e.penalized_steps(), 12 * 12);
+  e.sampling = {};
+  e.add(13, 4, 2);  // not penalized: no history; the ended ones are forgotten
+  e.run();
+  EXPECT_TRUE(e.shard_histories().empty()) << "the shard keeps histories of sequences that ended";
+}
+
+TEST(engine_core, a_penalized_sequence_whose_prompt_came_from_the_prefix_cache_sends_the_cached_tokens_too) {
+  engine_loop e(small_engine(), /*n_blocks=*/64, /*prefix_caching=*/true);
+  e.sampling.presence_penalty = 0.5f;
+  e.same_prompts = true;
+  e.add(1, 20, 4);
+  e.run();
+  e.add(2, 20, 4);  // its first 16 positions (4 blocks) are cached
+  e.run();
+  ASSERT_EQ(e.ended(2), 1);
+  EXPECT_GT(e.outcomes().at(2).cached_prompt_tokens, 0);
 }
 
 TEST(engine_core, a_step_that_failed_for_good_fails_its_requests_and_the_engine_goes_on) {
