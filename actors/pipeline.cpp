@@ -61,6 +61,9 @@ pipeline_options make_pipeline_options(const runtime_config& c, const resolved_l
   eo.max_waiting = c.engine.max_step_seqs;
   eo.rate_window_seconds = std::chrono::duration<double>(c.admission.pressure_window).count();
   eo.step_time_target_seconds = std::chrono::duration<double>(c.step_time_target()).count();
+  eo.step_time_buckets_seconds.clear();
+  for (double ms : c.metrics.step_time_buckets_ms) eo.step_time_buckets_seconds.push_back(ms / 1000);
+  std::sort(eo.step_time_buckets_seconds.begin(), eo.step_time_buckets_seconds.end());
   return po;
 }
 
@@ -81,6 +84,10 @@ void add_to(runtime_stats& s, const engine_stats& e) {
   s.max_mailbox_engine = e.max_mailbox;
   s.backend_problem = e.backend_problem;
   s.late_refusals = e.late_refusals;
+  s.prefill_tokens = e.prefill_tokens;
+  s.decode_tokens = e.decode_tokens;
+  s.step_seconds = e.step_seconds;
+  s.step_time_counts = e.step_time_counts;
 }
 
 void add_to(runtime_stats& s, const admission_stats& a) {

@@ -154,6 +154,12 @@ void engine_core::observe_step(double seconds) {
   residual_p95_ = residuals_.quantile(0.95);
   step_model_.observe(shape_, seconds);
   ++steps_;
+  prefill_tokens_ += static_cast<int64_t>(shape_.prefill_tokens);
+  decode_tokens_ += shape_.decode_seqs;
+  step_seconds_ += seconds;
+  const auto& bounds = o_.step_time_buckets_seconds;
+  step_time_counts_.resize(bounds.size() + 1);
+  ++step_time_counts_[static_cast<size_t>(std::lower_bound(bounds.begin(), bounds.end(), seconds) - bounds.begin())];
 }
 
 void engine_core::commit(const step_result& result, double seconds, int64_t now) {
@@ -259,6 +265,11 @@ engine_stats engine_core::stats() const {
   s.steps = steps_;
   s.backend_problem = backend_problem_;
   s.late_refusals = late_refusals_;
+  s.prefill_tokens = prefill_tokens_;
+  s.decode_tokens = decode_tokens_;
+  s.step_seconds = step_seconds_;
+  s.step_time_counts = step_time_counts_;
+  s.step_time_counts.resize(o_.step_time_buckets_seconds.size() + 1);
   return s;
 }
 

@@ -32,6 +32,8 @@ struct engine_options {
   // A step should take at most this long (the tightest tier's time per output token), so
   // prefill chunks are sized to fit beside the decodes; 0: only max_step_tokens limits them.
   double step_time_target_seconds = 0;
+  // Upper bounds of the step-time histogram (engine_stats::step_time_counts), ascending.
+  std::vector<double> step_time_buckets_seconds{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5};
 };
 
 // What the engine answers to a stats request.
@@ -41,6 +43,12 @@ struct engine_stats {
   // Why the engine cannot serve at all ("" while it can): its model shard is gone for good.
   std::string backend_problem;
   int64_t late_refusals = 0;  // admitted requests refused unstarted past their start bound
+  // The work of every step so far: prompt tokens prefilled, tokens decoded, seconds taken, and
+  // how many steps took at most each of engine_options::step_time_buckets_seconds (the last
+  // entry: longer than all).
+  int64_t prefill_tokens = 0, decode_tokens = 0;
+  double step_seconds = 0;
+  std::vector<int64_t> step_time_counts;
 };
 
 // Something for a request's session (and, when it ended, for admission).
@@ -125,6 +133,9 @@ class engine_core {
   step_shape_counts shape_;     // of the batch out
   std::vector<seq_id> batch_;   // its sequences
   int64_t steps_ = 0;
+  int64_t prefill_tokens_ = 0, decode_tokens_ = 0;
+  double step_seconds_ = 0;
+  std::vector<int64_t> step_time_counts_;
   int64_t received_ = 0;
   std::map<int32_t, int64_t> received_by_priority_;
   step_time_model step_model_;

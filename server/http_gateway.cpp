@@ -265,7 +265,7 @@ kj::Promise<void> http_gateway::generate(int endpoint, std::string body, std::st
   auto g = std::make_shared<generation>();
   g->call = std::move(std::get<openai_call>(parsed));
   request req = std::move(g->call.req);
-  req.api_key = std::move(api_key);
+  req.api_key = api_key;
   const bool streamed = g->call.stream;
   if (!streamed) {  // the text comes with the outcome: no window to hold the sequence back
     req.token_window = 0;
@@ -285,7 +285,8 @@ kj::Promise<void> http_gateway::generate(int endpoint, std::string body, std::st
           g->notify();
         });
       },
-      [this, weak](const outcome& o) {
+      [this, weak, api_key](const outcome& o) {
+        if (observe_) observe_(api_key, o);  // thread-safe: the metrics
         bridge_.post([weak, o] {
           if (auto g = weak.lock(); g && !g->final) {
             g->final = o;

@@ -38,6 +38,8 @@ class http_gateway {
   void stop_accepting() { accepting_ = false; }
   // Generations whose response has not ended yet.
   size_t unfinished() const { return live_; }
+  // Called with each generation's API key and outcome as it ends (the metrics).
+  void observe_outcomes_with(std::function<void(const std::string&, const outcome&)> f) { observe_ = std::move(f); }
   // Extra routes served on this listener (GET only), such as /metrics: path -> body producer.
   using page = std::function<kj::Promise<std::pair<std::string, std::string>>()>;  // {content type, body}
   void add_page(std::string path, page p);
@@ -65,6 +67,7 @@ class http_gateway {
   int64_t started_at_ = 0;  // unix seconds, for /v1/models
   std::mt19937_64 seeds_;
   std::vector<std::pair<std::string, page>> pages_;
+  std::function<void(const std::string&, const outcome&)> observe_;
   kj::Own<kj::HttpHeaderTable> table_;
   struct header_ids;
   std::unique_ptr<header_ids> ids_;

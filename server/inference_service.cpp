@@ -25,6 +25,7 @@ log_errors task_errors;
 struct inference_service::generation_state {
   uint64_t id = 0;
   std::string tenant;
+  std::string api_key;
   kj::Maybe<rpc::TokenSink::Client> sink;  // let go of once the outcome has reached it
   std::string pending_text;
   std::vector<int32_t> pending_ids;
@@ -223,6 +224,7 @@ void inference_service::deliver(const std::shared_ptr<generation_state>& s, cons
   if (s->final) return;
   s->final = o;
   finished(s->tenant, o);
+  if (observe_) observe_(s->api_key, o);
   for (auto& w : s->waiters) w->fulfill();
   s->waiters.clear();
   if (s->broken) {
@@ -246,7 +248,8 @@ kj::Promise<void> inference_service::generate(generate_context context,
   try {
     auto request = params.getRequest();
     decoded = decode_request(request, limits_);
-    if (auto it = tenant_of_key_.find(request.getApiKey()); it != tenant_of_key_.end()) s->tenant = it->second;
+    s->api_key = request.getApiKey();
+    if (auto it = tenant_of_key_.find(s->api_key); it != tenant_of_key_.end()) s->tenant = it->second;
   } catch (const kj::Exception& e) {
     decoded = request_problem{"invalid", fmt::format("the request could not be read ({}); send a smaller or "
                                                      "well-formed request", e.getDescription().cStr())};

@@ -48,6 +48,8 @@ class inference_service {
   size_t unfinished() const;
   // Where health() learns how many connections are open.
   void count_connections_with(std::function<int32_t()> f) { connections_ = std::move(f); }
+  // Called with each generation's API key and outcome as it ends (the metrics).
+  void observe_outcomes_with(std::function<void(const std::string&, const outcome&)> f) { observe_ = std::move(f); }
 
   // The methods of Inference, for a call that arrived on a connection doing `conn`.
   kj::Promise<void> generate(generate_context context, const std::shared_ptr<connection_activity>& conn);
@@ -83,6 +85,7 @@ class inference_service {
   bool in_submit_ = false;
   std::optional<outcome> refused_now_;
   std::function<int32_t()> connections_;
+  std::function<void(const std::string&, const outcome&)> observe_;
 };
 
 }  // namespace tireless

@@ -2,13 +2,16 @@
 // server.http_listen, to OpenAI-style HTTP clients (server/http_gateway.hpp).
 //
 //   tireless-serve [--config config/tireless.toml] [--listen 127.0.0.1:7433 | --port N]
-//                  [--http-listen 127.0.0.1:8000 | --http-port N] ...
+//                  [--http-listen 127.0.0.1:8000 | --http-port N]
+//                  [--metrics-listen 127.0.0.1:9433 | --metrics-port N] ...
 //
 // Prints "listening on HOST:PORT" on stdout once it accepts connections, then "http listening
-// on HOST:PORT" when HTTP is on. SIGTERM or SIGINT: stops accepting (HTTP /ready says 503 and
+// on HOST:PORT" when HTTP is on and "metrics listening on HOST:PORT" when Prometheus metrics
+// have their own listener (server.metrics_listen; they are also at /metrics on the HTTP one). SIGTERM or SIGINT: stops accepting (HTTP /ready says 503 and
 // new requests are refused with 503), lets running requests finish for
 // server.shutdown_grace_ms, cancels the rest (each client gets its outcome) and exits 0.
 #include <CLI/CLI.hpp>
+#include <prometheus/exposer.h>
 #include <capnp/rpc-twoparty.h>
 #include <kj/async-io.h>
 #include <kj/async-unix.h>
@@ -23,6 +26,7 @@
 #include "model/model.hpp"
 #include "server/connection_manager.hpp"
 #include "server/http_gateway.hpp"
+#include "server/server_metrics.hpp"
 #include "server/inference_service.hpp"
 #include "tireless/runtime.hpp"
 
@@ -35,8 +39,8 @@ using namespace tireless;
 constexpr size_t transport_limit_bytes = size_t{64} << 20;
 
 struct cli_overrides {
-  std::string listen, http_listen, log_level, model, backend, sim_profile;
-  int port = -1, http_port = -1;
+  std::string listen, http_listen, metrics_listen, log_level, model, backend, sim_profile;
+  int port = -1, http_port = -1, metrics_port = -1;
   int threads = -1;
 };
 
@@ -55,6 +59,11 @@ runtime_config configure(const std::string& path, const cli_overrides& o) {
   if (o.http_port >= 0) {
     const std::string& base = c.server.http_listen.empty() ? c.server.listen : c.server.http_listen;
     c.server.http_listen = split_host_port(base).first + ":" + std::to_string(o.http_port);
+  }
+  if (!o.metrics_listen.empty()) c.server.metrics_listen = o.metrics_listen;
+  if (o.metrics_port >= 0) {
+    const std::string& base = c.server.metrics_listen.empty() ? c.server.listen : c.server.metrics_listen;
+    c.server.metrics_listen = split_host_port(base).first + ":" + std::to_string(o.metrics_port);
   }
   if (!o.model.empty()) c.model.path = o.model;
   if (!o.backend.empty()) {
@@ -84,6 +93,9 @@ int main(int argc, char** argv) {
   app.add_option("--port", o.port, "port on the configured host; 0 picks a free one")->check(CLI::Range(0, 65535));
   app.add_option("--http-listen", o.http_listen, "HOST:PORT of the OpenAI-style HTTP API (overrides server.http_listen)");
   app.add_option("--http-port", o.http_port, "HTTP on this port of the HTTP (or RPC) host; 0 picks a free one")
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--metrics-listen", o.metrics_listen, "HOST:PORT of Prometheus /metrics (overrides server.metrics_listen)");
+  app.add_option("--metrics-port", o.metrics_port, "metrics on this port of the metrics (or RPC) host; 0 picks a free one")
       ->check(CLI::Range(0, 65535));
   app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error, off");
   app.add_option("--model", o.model, "GGUF model file (overrides model.path)");
@@ -131,7 +143,10 @@ int main(int argc, char** argv) {
   }
   limits.max_prompt_bytes = rt->max_prompt().text_bytes;
   limits.max_prompt_tokens = rt->max_prompt().tokens;
+  server_metrics metrics(config, config.kv.block_size);
+  auto observe = [&metrics](const std::string& key, const outcome& o) { metrics.observe(key, o); };
   inference_service service(*rt, bridge, config, info, limits);
+  service.observe_outcomes_with(observe);
   connection_limits cl;
   cl.max_connections = config.server.max_connections;
   cl.max_per_peer = config.server.max_connections_per_peer;
@@ -161,6 +176,13 @@ int main(int argc, char** argv) {
   kj::Promise<void> http_accepting = kj::READY_NOW;
   if (!config.server.http_listen.empty()) {
     http = kj::heap<http_gateway>(*rt, bridge, io.provider->getTimer(), info, limits);
+    http->observe_outcomes_with(observe);
+    http->add_page("/metrics", [&rt, &metrics] {
+      return runtime_stats_promise(*rt).then([&metrics](runtime_stats s) {
+        metrics.update(s);
+        return std::pair<std::string, std::string>("text/plain; version=0.0.4; charset=utf-8", metrics.text());
+      });
+    });
     try {
       auto [host, port] = split_host_port(config.server.http_listen);
       http_listener = io.provider->getNetwork().parseAddress(host, port).wait(io.waitScope)->listen();
@@ -175,6 +197,24 @@ int main(int argc, char** argv) {
     http_accepting = http->listen(*http_listener).eagerlyEvaluate([](kj::Exception&& e) {
       spdlog::error("http accept failed: {}", e.getDescription().cStr());
     });
+  }
+
+  // Prometheus metrics on their own listener: prometheus-cpp's exposer (its own threads) asks
+  // the runtime for its state at each scrape.
+  std::unique_ptr<prometheus::Exposer> exposer;
+  auto scraped = std::make_shared<scraped_metrics>(*rt, metrics);
+  if (!config.server.metrics_listen.empty()) {
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(config.server.metrics_listen);
+      exposer->RegisterCollectable(scraped);
+      const auto host = split_host_port(config.server.metrics_listen).first;
+      const auto ports = exposer->GetListeningPorts();
+      std::printf("metrics listening on %s:%d\n", host.c_str(), ports.empty() ? 0 : ports.front());
+      std::fflush(stdout);
+    } catch (const std::exception& e) {
+      std::cerr << "tireless-serve: cannot serve metrics on " << config.server.metrics_listen << ": " << e.what() << "\n";
+      return 1;
+    }
   }
 
   io.unixEventPort.onSignal(SIGTERM).exclusiveJoin(io.unixEventPort.onSignal(SIGINT)).wait(io.waitScope);
@@ -201,6 +241,7 @@ int main(int argc, char** argv) {
   http_accepting = kj::READY_NOW;
   http_listener = nullptr;
   http = nullptr;
+  exposer = nullptr;
   spdlog::info("stopped");
   return 0;
 }

@@ -69,6 +69,12 @@ struct runtime_stats {
   int32_t kv_blocks_total = 0, kv_blocks_free = 0, kv_blocks_cached_free = 0, kv_blocks_used = 0;
   int64_t prefix_hit_blocks = 0, prefix_miss_blocks = 0, evictions = 0;
   int64_t steps = 0, shard_restarts = 0;
+  // Every step's work so far: prompt tokens prefilled, tokens decoded, seconds; and how many
+  // steps took at most each of the config's metrics.step_time_buckets_ms (sorted; the last
+  // entry counts the longer ones).
+  int64_t prefill_tokens = 0, decode_tokens = 0;
+  double step_seconds = 0;
+  std::vector<int64_t> step_time_counts;
   int64_t completed = 0, rejected = 0, cancelled = 0, failed = 0;
   // Of the rejected: admitted, then refused before starting (they could no longer start within
   // their tier's bound, start_within_ms). Rare when admission predicts well.

@@ -176,7 +176,7 @@ def test_overrides(model_path):
 
 class Server:
     def __init__(self, binary, base_config, workdir, overrides=None, name="server", start_timeout=60,
-                 tier_scale=TIER_SCALE, http=False, edit=None):
+                 tier_scale=TIER_SCALE, http=False, metrics=False, edit=None):
         self.binary = binary
         self.workdir = workdir
         self.name = name
@@ -196,9 +196,10 @@ class Server:
         self._stderr = open(self.stderr_path, "wb")
         # stdout to a file, polled here: no reader thread (see "Without threads" below).
         self._stdout = open(self.stdout_path, "wb")
-        args = [binary, "--config", self.config_path, "--port", "0"] + (["--http-port", "0"] if http else [])
+        args = [binary, "--config", self.config_path, "--port", "0"] + (["--http-port", "0"] if http else []) + (
+            ["--metrics-port", "0"] if metrics else [])
         self.proc = subprocess.Popen(args, stdout=self._stdout, stderr=self._stderr, stdin=subprocess.DEVNULL)
-        self.port = self.http_port = None
+        self.port = self.http_port = self.metrics_port = None
         deadline = time.monotonic() + slack(start_timeout)
         m = mh = None
         text = ""
@@ -208,14 +209,17 @@ class Server:
             lines = [line for line in text.splitlines(keepends=True) if line.endswith("\n")]
             m = re.match(r"listening on ([0-9.]+):(\d+)", lines[0]) if lines else None
             mh = next((x for x in (re.match(r"http listening on ([0-9.]+):(\d+)", line) for line in lines) if x), None)
-            if m and (mh or not http):
+            mm = next((x for x in (re.match(r"metrics listening on ([0-9.]+):(\d+)", line) for line in lines) if x), None)
+            if m and (mh or not http) and (mm or not metrics):
                 break
             time.sleep(0.05)
-        if not m or (http and not mh):
+        if not m or (http and not mh) or (metrics and not mm):
             self.kill()
             raise TestFailure(f"{name} did not print 'listening on' within {start_timeout} s "
                               f"(stdout {text!r}, exit {self.proc.returncode}); stderr:\n{self.stderr_text()}")
         self.host, self.port = m.group(1), int(m.group(2))
+        if metrics and mm:
+            self.metrics_port = int(mm.group(2))
         if mh:
             self.http_port = int(mh.group(2))
             self.base_url = f"http://{self.host}:{self.http_port}"

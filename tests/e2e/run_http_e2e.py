@@ -69,7 +69,7 @@ class Context:
         if self.server is None or not self.server.alive():
             self.starts += 1
             self.server = h.Server(self.args.server, self.args.config, self.workdir, name=f"http{self.starts}",
-                                   http=True, edit=add_solo_tenant)
+                                   http=True, metrics=True, edit=add_solo_tenant)
         return self.server
 
     @property
@@ -532,6 +532,132 @@ def test_ready_turns_503_on_sigterm_and_streams_end(ctx):
     check("chunks" in result or "error" in result, "the running stream got no end")
 
 
+# ---------------------------------------------------------------------------------------------
+# Metrics: the text format, and a real Prometheus scraping the server
+
+
+def scrape(url):
+    from prometheus_client.parser import text_string_to_metric_families
+    r = requests.get(url, timeout=h.slack(10))
+    check(r.status_code == 200, f"{url}: {r.status_code}")
+    samples = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            samples.setdefault(s.name, []).append((s.labels, s.value))
+    return samples
+
+
+def test_metrics_speak_prometheus_and_the_inference_gateway_protocol(ctx):
+    c = ctx.client()
+    c.completions.create(model=MODEL, prompt=LONG_TEXT, max_tokens=8)
+    try:
+        ctx.client(key="sk-nobody").completions.create(model=MODEL, prompt=LONG_TEXT, max_tokens=8)
+    except openai.AuthenticationError:
+        pass
+    own = scrape(f"http://{ctx.server.host}:{ctx.server.metrics_port}/metrics")
+    same = scrape(ctx.url + "/metrics")
+    for samples in (own, same):
+        # The Gateway API Inference Extension's model-server protocol.
+        for name in ("tireless_num_requests_waiting", "tireless_num_requests_running", "tireless_kv_cache_usage_perc"):
+            check(name in samples, f"{name} is missing")
+        info = samples.get("tireless_cache_config_info", [])
+        check(info and info[0][0].get("block_size") == "16" and int(info[0][0]["num_gpu_blocks"]) > 0,
+              f"cache_config_info {info}")
+        completed = sum(v for labels, v in samples["tireless_requests_total"]
+                        if labels.get("tier") == "premium" and labels.get("outcome") == "completed")
+        check(completed >= 1, f"no completed premium request counted: {samples['tireless_requests_total']}")
+        check(any(labels.get("reason") == "unauthenticated" for labels, v in samples["tireless_requests_total"]
+                  if v > 0), "the unauthenticated refusal is not counted")
+        check(samples["tireless_steps_total"][0][1] > 0, "no steps counted")
+        check(any(v > 0 for _, v in samples["tireless_step_time_seconds_count"]), "no step time observed")
+        check(any(labels.get("tier") == "premium" and v > 0
+                  for labels, v in samples["tireless_time_to_first_token_seconds_count"]), "no TTFT observed")
+        for tier in ("premium", "standard", "free"):
+            check(any(labels.get("tier") == tier for labels, _ in samples["tireless_queue_depth"]),
+                  f"no queue depth series for tier {tier}")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_real_prometheus_sees_the_values_move_under_load(ctx):
+    binary = shutil.which("prometheus")
+    check(binary is not None, "the prometheus binary is missing (scripts/setup installs Debian's prometheus)")
+    work = tempfile.mkdtemp(prefix="prometheus-", dir=ctx.workdir)
+    port = free_port()
+    with open(os.path.join(work, "prometheus.yml"), "w") as f:
+        f.write(f"""global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+scrape_configs:
+  - job_name: tireless
+    static_configs:
+      - targets: ["{ctx.server.host}:{ctx.server.metrics_port}"]
+""")
+    log = open(os.path.join(work, "prometheus.log"), "wb")
+    proc = subprocess.Popen([binary, f"--config.file={work}/prometheus.yml", f"--storage.tsdb.path={work}/data",
+                             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=log,
+                            stdin=subprocess.DEVNULL)
+    api = f"http://127.0.0.1:{port}/api/v1/query"
+
+    def query(q):
+        r = requests.get(api, params={"query": q}, timeout=10)
+        data = r.json()
+        check(data.get("status") == "success", f"{q}: {r.text[:300]}")
+        return [float(x["value"][1]) for x in data["data"]["result"]]
+
+    try:
+        deadline = time.monotonic() + h.slack(60)
+        up = []
+        while time.monotonic() < deadline:
+            try:
+                up = query('up{job="tireless"}')
+                if up == [1.0]:
+                    break
+            except (requests.exceptions.ConnectionError, h.TestFailure):
+                pass
+            time.sleep(0.5)
+        check(up == [1.0], f"Prometheus never scraped the server (up = {up})")
+        before = sum(query('tireless_requests_total{outcome="completed"}'))
+        # Load: concurrent streams for a few seconds.
+        done = []
+
+        def one(i):
+            stream = ctx.client().completions.create(model=MODEL, prompt=f"{LONG_TEXT} {i}", max_tokens=60,
+                                                     temperature=0, stream=True)
+            done.append(sum(1 for _ in stream))
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(h.slack(120))
+        check(len(done) == 6, f"{len(done)} of 6 load streams finished")
+        time.sleep(3)  # two scrapes more
+        after = sum(query('tireless_requests_total{outcome="completed"}'))
+        check(after >= before + 6, f"completed requests went from {before} to {after} in Prometheus")
+        running = query("max_over_time(tireless_num_requests_running[2m])")
+        check(running and running[0] >= 2, f"Prometheus never saw 2 requests running at once: {running}")
+        kv = query("max_over_time(tireless_kv_cache_usage_perc[2m])")
+        check(kv and 0 < kv[0] <= 1, f"KV usage as Prometheus saw it: {kv}")
+        tokens = query("increase(tireless_generation_tokens_total[2m])")
+        check(tokens and sum(tokens) > 0, f"generated tokens did not increase: {tokens}")
+        p99 = query('histogram_quantile(0.99, sum by (le) (rate(tireless_time_to_first_token_seconds_bucket[2m])))')
+        check(p99 and p99[0] > 0, f"TTFT p99 from the histogram: {p99}")
+        ctx.notes.append(f"Prometheus: completed {before:.0f} -> {after:.0f}, max running {running[0]:.0f}, "
+                         f"max KV {kv[0]:.3f}, TTFT p99 {p99[0] * 1000:.0f} ms")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
 TESTS = [
     test_models_health_ready,
     test_chat_completion,
@@ -546,6 +672,8 @@ TESTS = [
     test_backoff_loop_of_the_articles,
     test_client_going_away_cancels,
     test_slow_reader_pauses_its_stream,
+    test_metrics_speak_prometheus_and_the_inference_gateway_protocol,
+    test_a_real_prometheus_sees_the_values_move_under_load,
     test_ready_turns_503_on_sigterm_and_streams_end,
 ]
 
