@@ -47,6 +47,12 @@ server_metrics::server_metrics(const runtime_config& c, int32_t kv_block_size)
                .Help("Arrival to outcome of completed requests, by tier").Register(*registry_)),
       queue_time_(prometheus::BuildHistogram().Name(name(c, "request_queue_time_seconds"))
                       .Help("Arrival to first scheduled, by tier").Register(*registry_)),
+      slo_(prometheus::BuildCounter().Name(name(c, "slo_requests_total"))
+               .Help("Requests that ran, by tier and whether they met its TTFT and TPOT targets").Register(*registry_)),
+      ttft_target_(prometheus::BuildGauge().Name(name(c, "tier_ttft_target_seconds"))
+                       .Help("Each tier's time-to-first-token target").Register(*registry_)),
+      tpot_target_(prometheus::BuildGauge().Name(name(c, "tier_tpot_target_seconds"))
+                       .Help("Each tier's time-per-output-token target").Register(*registry_)),
       running_(prometheus::BuildGauge().Name(name(c, "num_requests_running"))
                    .Help("Requests holding KV and being stepped").Register(*registry_).Add({})),
       waiting_(prometheus::BuildGauge().Name(name(c, "num_requests_waiting"))
@@ -98,6 +104,11 @@ server_metrics::server_metrics(const runtime_config& c, int32_t kv_block_size)
   backend_up_.Set(1);
   // Every tier's series exist from the start (a dashboard or alert sees 0, not "no data").
   for (const tier_settings& t : c.tiers) {
+    targets_of_tier_[t.name] = {static_cast<double>(t.ttft.count()), static_cast<double>(t.tpot.count())};
+    if (t.ttft.count() > 0) ttft_target_.Add({{"tier", t.name}}).Set(t.ttft.count() / 1000.0);
+    if (t.tpot.count() > 0) tpot_target_.Add({{"tier", t.name}}).Set(t.tpot.count() / 1000.0);
+    slo_.Add({{"tier", t.name}, {"met", "true"}});
+    slo_.Add({{"tier", t.name}, {"met", "false"}});
     queue_depth_.Add({{"tier", t.name}}).Set(0);
     histogram(ttft_, t.name, ttft_ms_);
     histogram(tpot_, t.name, tpot_ms_);
@@ -144,14 +155,25 @@ void server_metrics::observe(const std::string& api_key, const outcome& o) {
   generation_tokens_.Add({{"tier", l.tier}}).Increment(o.completion_tokens);
   if (o.preemptions > 0) preemptions_.Add({{"tier", l.tier}}).Increment(o.preemptions);
   for (const std::string& d : o.degradations) degradations_.Add({{"tier", l.tier}, {"rung", rung_of(d)}}).Increment();
-  if (o.kind != outcome_kind::completed && o.time_to_first_token_ms < 0) return;  // it never ran
+  const bool ran = o.kind == outcome_kind::failed || o.time_to_first_token_ms >= 0 ||
+                   (o.kind == outcome_kind::cancelled && o.reason == reason::deadline);
+  if (!ran) return;  // refused, or cancelled by its client before it started
+  double per_token_ms = 0;
   if (o.time_to_first_token_ms >= 0) {
     histogram(ttft_, l.tier, ttft_ms_).Observe(o.time_to_first_token_ms / 1000.0);
     histogram(queue_time_, l.tier, ttft_ms_).Observe(o.queued_ms / 1000.0);
     if (o.completion_tokens > 1) {
-      const double per_token_ms = (o.total_ms - o.time_to_first_token_ms) / (o.completion_tokens - 1);
-      histogram(tpot_, l.tier, tpot_ms_).Observe(std::max(per_token_ms, 0.0) / 1000.0);
+      per_token_ms = std::max((o.total_ms - o.time_to_first_token_ms) / (o.completion_tokens - 1), 0.0);
+      histogram(tpot_, l.tier, tpot_ms_).Observe(per_token_ms / 1000.0);
     }
+  }
+  if (o.kind != outcome_kind::cancelled || o.reason == reason::deadline) {
+    const auto t = targets_of_tier_.find(l.tier);
+    const targets tg = t == targets_of_tier_.end() ? targets{} : t->second;
+    const bool met = o.kind == outcome_kind::completed &&
+                     (tg.ttft_ms <= 0 || o.time_to_first_token_ms <= tg.ttft_ms) &&
+                     (tg.tpot_ms <= 0 || per_token_ms <= tg.tpot_ms);
+    slo_.Add({{"tier", l.tier}, {"met", met ? "true" : "false"}}).Increment();
   }
   if (o.kind == outcome_kind::completed) histogram(e2e_, l.tier, ttft_ms_).Observe(o.total_ms / 1000.0);
 }

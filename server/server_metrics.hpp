@@ -6,7 +6,10 @@
 //   _requests_total{outcome, reason, tier[, tenant]}, _prompt_tokens_total, _generation_tokens_total,
 //   _preemptions_total, _degradations_total{tier, rung}, and histograms (metrics.* buckets):
 //   _time_to_first_token_seconds, _time_per_output_token_seconds, _e2e_request_latency_seconds,
-//   _request_queue_time_seconds, each {tier}.
+//   _request_queue_time_seconds, each {tier}; _slo_requests_total{tier, met}: requests that ran,
+//   "true" when completed within the tier's TTFT and TPOT targets (failed, deadline-cancelled
+//   and late ones "false"; refusals are counted by _requests_total, not here).
+// From the config: _tier_ttft_target_seconds{tier}, _tier_tpot_target_seconds{tier}.
 // From the runtime at each scrape (update()):
 //   _num_requests_running, _num_requests_waiting (admission's queues and the engine's waiting
 //   room), _queue_depth{tier}, _kv_cache_usage_perc (0..1), _kv_blocks{state}, _cache_config_info
@@ -66,6 +69,10 @@ class server_metrics {
   std::shared_ptr<prometheus::Registry> registry_;
   bool per_tenant_;
   std::map<std::string, std::string> tenant_of_key_, tier_of_tenant_;
+  struct targets {
+    double ttft_ms = 0, tpot_ms = 0;  // 0: none
+  };
+  std::map<std::string, targets> targets_of_tier_;
   std::string default_tier_;
   std::vector<double> ttft_ms_, tpot_ms_;  // bucket bounds (e2e and queue time use the TTFT ones)
 
@@ -78,6 +85,9 @@ class server_metrics {
   prometheus::Family<prometheus::Histogram>& tpot_;
   prometheus::Family<prometheus::Histogram>& e2e_;
   prometheus::Family<prometheus::Histogram>& queue_time_;
+  prometheus::Family<prometheus::Counter>& slo_;
+  prometheus::Family<prometheus::Gauge>& ttft_target_;
+  prometheus::Family<prometheus::Gauge>& tpot_target_;
 
   prometheus::Gauge& running_;
   prometheus::Gauge& waiting_;
