@@ -102,6 +102,8 @@ int main(int argc, char** argv) {
   app.add_option("--backend", o.backend, "cpu or sim (overrides backend.kind)");
   app.add_option("--sim-profile", o.sim_profile, "sim cost model (overrides backend.sim_profile)");
   app.add_option("--threads", o.threads, "CPU threads (overrides backend.threads)");
+  bool check_only = false;
+  app.add_flag("--check-config", check_only, "validate the configuration, print its warnings, and exit (0: valid)");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_default_logger(spdlog::stderr_color_mt("tireless"));  // stdout carries "listening on"
 
@@ -116,6 +118,10 @@ int main(int argc, char** argv) {
     config = configure(config_path, o);
     spdlog::set_level(static_cast<spdlog::level::level_enum>(config.server.log_level));
     for (const auto& w : config.warnings) spdlog::warn("{}", w);
+    if (check_only) {
+      std::printf("%s: valid\n", config_path.c_str());
+      return 0;
+    }
     rt = runtime::start(config);
   } catch (const std::exception& e) {
     std::cerr << "tireless-serve: " << e.what() << "\n";
