@@ -40,11 +40,21 @@ int64_t now_ns(caf::local_actor* self) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(self->clock().now().time_since_epoch()).count();
 }
 
-void reject(self_ptr self, const caf::actor& session, uint64_t id, refusal why, const std::string& message,
-            int64_t retry_after_ms) {
+void reject(self_ptr self, const caf::actor& session, uint64_t id, const admission_decision& d) {
   outcome_msg m(64);
-  to_wire(rejected_outcome(id, proto::reason_name(to_wire(why)), message, retry_after_ms), m.init());
+  outcome o = rejected_outcome(id, proto::reason_name(to_wire(d.reason)), d.message, d.retry_after_ms);
+  o.retry_token = d.retry_token;
+  to_wire(o, m.init());
   self->send(session, std::move(m));
+}
+
+void reject(self_ptr self, const caf::actor& session, uint64_t id, refusal why, std::string message,
+            int64_t retry_after_ms) {
+  admission_decision d;
+  d.reason = why;
+  d.message = std::move(message);
+  d.retry_after_ms = retry_after_ms;
+  reject(self, session, id, d);
 }
 
 void release(self_ptr self) {
@@ -79,9 +89,10 @@ void arrive(self_ptr self, generate_msg& msg, const caf::actor& session) {
   a.prompt_tokens = static_cast<int32_t>(b.getPrompt().size());
   a.max_tokens = b.getMaxTokens();
   a.now_ns = now_ns(self);
+  a.retry_token = b.getRetryToken();
   const admission_decision d = st.control().arrive(a);
   if (!d.admitted) {
-    reject(self, session, a.id, d.reason, d.message, d.retry_after_ms);
+    reject(self, session, a.id, d);
     return;
   }
   // The engine runs what admission decided: the capped max_tokens, the policy's priority,

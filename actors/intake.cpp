@@ -63,6 +63,7 @@ std::optional<admission_decision> intake::refuse_at_once(uint64_t id, const requ
   a.tier = tier.name;
   a.max_tokens = effective_max_tokens(r, request_limits_);
   a.now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(sys_.clock().now().time_since_epoch()).count();
+  a.retry_token = r.retry_token;
   if (!r.prompt_tokens.empty() && r.messages.empty() && r.prompt.empty()) {
     a.prompt_tokens = static_cast<int32_t>(r.prompt_tokens.size());
   } else {
@@ -83,8 +84,9 @@ std::optional<admission_decision> intake::refuse_at_once(uint64_t id, const requ
 
 uint64_t intake::submit(request r, runtime::token_callback on_token, runtime::outcome_callback on_outcome) {
   const uint64_t id = next_id_++;
-  auto refuse = [&](std::string_view reason, std::string message, int64_t retry_after) {
+  auto refuse = [&](std::string_view reason, std::string message, int64_t retry_after, uint64_t token = 0) {
     outcome o = rejected_outcome(id, reason, std::move(message), retry_after);
+    o.retry_token = token;
     done(o, false);
     if (on_outcome) on_outcome(o);
     return id;
@@ -104,7 +106,7 @@ uint64_t intake::submit(request r, runtime::token_callback on_token, runtime::ou
   }
   std::optional<prepared_prompt> prepared;
   if (auto d = refuse_at_once(id, r, tenant, *tier, prepared)) {
-    return refuse(proto::reason_name(to_wire(d->reason)), std::move(d->message), d->retry_after_ms);
+    return refuse(proto::reason_name(to_wire(d->reason)), std::move(d->message), d->retry_after_ms, d->retry_token);
   }
   if (!door_.enter()) {
     return refuse(reason::overloaded, fmt::format("{} requests are already inside the runtime", door_.capacity()), 1000);

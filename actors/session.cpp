@@ -97,6 +97,7 @@ bool start(self_ptr self) {
   auto stops = b.initStopTokens(static_cast<unsigned>(st.stop_tokens.size()));
   for (unsigned i = 0; i < st.stop_tokens.size(); ++i) stops.set(i, st.stop_tokens[i]);
   b.setArrivalNs(st.start_ns);
+  b.setRetryToken(r.retry_token);
   if (r.timeout.count() > 0) b.setDeadlineNs(st.start_ns + std::chrono::nanoseconds(r.timeout).count());
   b.setTokenWindow(r.token_window);
   // The deadline timer is armed by admission once it takes the request in: a request it
@@ -144,6 +145,7 @@ void on_outcome(self_ptr self, const outcome_msg& msg) {
   if (from.kind == outcome_kind::completed && st.stopper) st.text += st.stopper->finish();
   outcome o = base_outcome(self, from.kind, from.reason, from.message);
   o.retry_after_ms = from.retry_after_ms;
+  o.retry_token = from.retry_token;
   o.degradations = from.degradations;
   o.cached_prompt_tokens = from.cached_prompt_tokens;
   o.preemptions = from.preemptions;

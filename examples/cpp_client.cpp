@@ -1,16 +1,23 @@
 // A C++ client of tireless-serve: sends one chat message and prints the answer as it streams,
 // then the outcome. The client implements TokenSink; the server calls it as tokens arrive.
 //
-//   build/examples/cpp_client 127.0.0.1 7433 sk-premium-demo "Name three primary colors."
+//   build/examples/cpp_client 127.0.0.1 7433 sk-premium-demo "Name three primary colors." [DEADLINE_S]
 //
-// Exits 0 when the answer completed, 1 otherwise (the outcome is printed either way).
+// Retries as clients/python does: a refusal for load (overloaded, quota, shutting down) with a
+// retry hint is retried no sooner than the hint says, with its retry token (the room reserved
+// for it); one without a hint, after a capped exponential backoff with full jitter; none past
+// the total deadline (default 60 s). Exits 0 when the answer completed, 1 otherwise (the
+// outcome is printed either way).
 #include <capnp/ez-rpc.h>
 #include <capnp/message.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <random>
 #include <string>
+#include <thread>
 
 #include "protocol/reason_names.hpp"
 #include "protocol/tireless.capnp.h"
@@ -79,37 +86,74 @@ void print_outcome(proto::Outcome::Reader o) {
               u.getCompletionTokens(), t.getTimeToFirstTokenMs(), t.getTotalMs());
 }
 
+// One attempt: sends the message (with the retry token of an earlier refusal, if any), streams
+// the answer, and leaves the outcome in `outcome`.
+bool attempt(capnp::EzRpcClient& client, const char* key, const char* text, uint64_t retry_token,
+             capnp::MallocMessageBuilder& outcome) {
+  auto& wait_scope = client.getWaitScope();
+  auto call = client.getMain<rpc::Inference>().generateRequest();
+  auto request = call.initRequest();
+  request.setApiKey(key);
+  auto message = request.getInput().initMessages(1)[0];
+  message.setRole("user");
+  message.setContent(text);
+  request.setMaxTokens(128);
+  request.setRetryToken(retry_token);
+  bool printed = false;
+  auto done = kj::newPromiseAndFulfiller<void>();
+  call.setSink(kj::heap<printing_sink>(outcome, printed, kj::mv(done.fulfiller)));
+  // Keep the Generation until the end: dropping it cancels the request.
+  auto generation = call.send().wait(wait_scope).getGeneration();
+  done.promise.wait(wait_scope);
+  if (printed) std::printf("\n");
+  return printed;
+}
+
+// How long to wait before retry number `n` after `o`, or -1 when it is not worth retrying.
+double retry_wait_s(proto::Outcome::Reader o, int n, std::mt19937_64& rng) {
+  if (!o.isRejected()) return o.isFailed() ? std::uniform_real_distribution<double>(0, std::min(30.0, 0.5 * (1 << n)))(rng) : -1;
+  const auto r = o.getRejected();
+  const auto why = r.getReason();
+  if (why != proto::Rejection::Reason::OVERLOADED && why != proto::Rejection::Reason::QUOTA_EXCEEDED &&
+      why != proto::Rejection::Reason::SHUTTING_DOWN) {
+    return -1;  // invalid, unauthenticated, prompt too long: retrying cannot help
+  }
+  if (r.getRetryAfterMs() < 0) {
+    return why == proto::Rejection::Reason::QUOTA_EXCEEDED
+               ? -1
+               : std::uniform_real_distribution<double>(0, std::min(30.0, 0.5 * (1 << n)))(rng);
+  }
+  const double told = r.getRetryAfterMs() / 1000.0;  // never sooner; a little jitter above it
+  return told + std::uniform_real_distribution<double>(0, std::min(0.1 * told, 1.0))(rng);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 5) {
-    std::fprintf(stderr, "usage: %s HOST PORT API_KEY MESSAGE\n", argv[0]);
+  if (argc != 5 && argc != 6) {
+    std::fprintf(stderr, "usage: %s HOST PORT API_KEY MESSAGE [DEADLINE_S]\n", argv[0]);
     return 2;
   }
+  using clock = std::chrono::steady_clock;
+  const auto deadline = clock::now() + std::chrono::duration<double>(argc == 6 ? std::atof(argv[5]) : 60.0);
+  std::mt19937_64 rng(std::random_device{}());
   try {
     capnp::EzRpcClient client(argv[1], static_cast<unsigned>(std::atoi(argv[2])));
-    auto& wait_scope = client.getWaitScope();
-    auto inference = client.getMain<rpc::Inference>();
-
-    auto call = inference.generateRequest();
-    auto request = call.initRequest();
-    request.setApiKey(argv[3]);
-    auto message = request.getInput().initMessages(1)[0];
-    message.setRole("user");
-    message.setContent(argv[4]);
-    request.setMaxTokens(128);
-
-    capnp::MallocMessageBuilder outcome;
-    bool printed = false;
-    auto done = kj::newPromiseAndFulfiller<void>();
-    call.setSink(kj::heap<printing_sink>(outcome, printed, kj::mv(done.fulfiller)));
-    // Keep the Generation until the end: dropping it cancels the request.
-    auto generation = call.send().wait(wait_scope).getGeneration();
-    done.promise.wait(wait_scope);
-    if (printed) std::printf("\n");
-    const auto o = outcome.getRoot<proto::Outcome>().asReader();
-    print_outcome(o);
-    return o.isCompleted() ? 0 : 1;
+    uint64_t token = 0;
+    for (int n = 0;; ++n) {
+      capnp::MallocMessageBuilder outcome;
+      const bool printed = attempt(client, argv[3], argv[4], token, outcome);
+      const auto o = outcome.getRoot<proto::Outcome>().asReader();
+      const double wait = printed ? -1 : retry_wait_s(o, n, rng);
+      if (wait < 0 || n >= 8 || clock::now() + std::chrono::duration<double>(wait) >= deadline) {
+        print_outcome(o);
+        return o.isCompleted() ? 0 : 1;
+      }
+      token = o.isRejected() ? o.getRejected().getRetryToken() : 0;
+      std::fprintf(stderr, "[refused (%s); retrying in %.0f ms]\n",
+                   o.isRejected() ? rejection_name(o.getRejected().getReason()).c_str() : "failed", wait * 1000);
+      std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+    }
   } catch (const kj::Exception& e) {
     std::fprintf(stderr, "cpp_client: %s\n", e.getDescription().cStr());
     return 1;

@@ -54,6 +54,7 @@ struct Rejection {
   }
   message @1 :Text;
   retryAfterMs @2 :Int64 = -1;  # when retrying can help: wait at least this long; else -1
+  retryToken @3 :UInt64;         # refused for load: send it with the retry (GenerateRequest.retryToken)
 }
 
 struct Cancellation {

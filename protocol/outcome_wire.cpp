@@ -13,6 +13,7 @@ void to_wire(const outcome& o, proto::Outcome::Builder b) {
       r.setReason(proto::rejection_reason(o.reason));
       r.setMessage(o.message);
       r.setRetryAfterMs(o.retry_after_ms);
+      r.setRetryToken(o.retry_token);
       break;
     }
     case outcome_kind::cancelled: b.initCancelled().setReason(proto::cancellation_reason(o.reason)); break;
@@ -45,6 +46,7 @@ outcome from_wire(proto::Outcome::Reader r) {
       o.reason = proto::reason_name(r.getRejected().getReason());
       o.message = r.getRejected().getMessage();
       o.retry_after_ms = r.getRejected().getRetryAfterMs();
+      o.retry_token = r.getRejected().getRetryToken();
       break;
     case proto::Outcome::CANCELLED:
       o.kind = outcome_kind::cancelled;

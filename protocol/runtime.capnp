@@ -25,6 +25,7 @@ struct GenerateRequest {
   ttftTargetNs @12 :Int64 = 0;  # the engine's first-token deadline is arrival + this; 0: none
   tpotTargetNs @13 :Int64 = 0;  # then one token per this; 0: none (set by admission's policy)
   startByNs @14 :Int64 = 0;     # not started by then: refused before any prefill; 0: never
+  retryToken @15 :UInt64;       # the client's reservation, from an earlier refusal (0: none)
 }
 
 # engine → session: tokens generated for a request, in order.

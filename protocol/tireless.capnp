@@ -45,6 +45,9 @@ struct GenerateRequest {
   # Otherwise every text is tokenized as plain text (chat message contents always are: only
   # the chat template places control tokens, so no one can write another role's turn).
   parseSpecialTokens @10 :Bool = false;
+  # A retry of a request refused for load: that refusal's Rejection.retryToken. Back at or
+  # after its retryAfterMs, it holds the room reserved for it (it is not shed again).
+  retryToken @11 :UInt64;
 }
 
 struct ChatMessage {

@@ -35,6 +35,9 @@ struct arrival {
   int32_t prompt_tokens = 0;
   int32_t max_tokens = 0;
   int64_t now_ns = 0;
+  // The token of an earlier refusal of this tenant's (admission_decision::retry_token): a
+  // client back at the time it was told holds the reservation that came with it.
+  uint64_t retry_token = 0;
 };
 
 enum class refusal { overloaded, quota_exceeded, prompt_too_long, invalid };
@@ -52,6 +55,10 @@ struct admission_decision {
   refusal reason = refusal::overloaded;   // refused
   std::string message;
   int64_t retry_after_ms = -1;
+  // refused for load with a retry hint: a reservation for the client's return. Sent back with
+  // the retry (arrival::retry_token) at or after retry_after_ms, and within its window, it is
+  // admitted without being shed: the work it reserved was counted ahead of every newcomer.
+  uint64_t retry_token = 0;
 };
 
 // What the engine reports with its credits.
@@ -166,7 +173,10 @@ class admission_control {
 
   admission_decision decide(const arrival& a, bool promise = true);
   std::optional<admission_decision> check_quotas(tenant_state& t, const arrival& a, int32_t max_tokens);
-  int64_t retry_hint_ms(const tier_settings& tier, const arrival& a, double target_seconds, bool promise);
+  // The wait until `a` would be predicted within target_seconds, and the reservation for its
+  // return (its token in *token).
+  int64_t retry_hint_ms(const tier_settings& tier, const arrival& a, double target_seconds, bool promise,
+                        uint64_t* token = nullptr);
   tenant_state& tenant_of(const std::string& name);
   std::optional<queued_request> next_in_tier(tier_state& t);
   void dequeue(const holding& h);
@@ -182,11 +192,25 @@ class admission_control {
   std::unordered_map<std::string, tenant_state> tenant_states_;
   std::unordered_map<uint64_t, holding> held_;  // queued or released, until finished
   std::deque<uint64_t> arrivals_;               // fcfs order
-  // Work promised to refused clients: (retry time, prompt tokens). A client told to come back
-  // at t finds the work of those told to come back before it still ahead, so hints are
-  // staggered and a herd of refused clients does not return at once into the same wall.
-  std::multimap<int64_t, int32_t> promised_;  // retry time → prompt tokens
-  double promised_tokens_ = 0;                // their sum
+  // Work promised to refused clients, until they come back or their window passes. A client
+  // told to come back at t finds the work of those told to come back before it still ahead, so
+  // hints are staggered and a herd of refused clients does not return at once into the same
+  // wall; and every newcomer of the same or a lower tier finds it ahead too, so it cannot take
+  // the room a returning client was promised (the hint is honest).
+  struct reservation {
+    std::string tenant;
+    int32_t priority = 0;
+    int32_t prompt_tokens = 0;
+    int64_t due_ns = 0, expires_ns = 0;
+  };
+  std::unordered_map<uint64_t, reservation> reservations_;  // by token
+  uint64_t token_key_ = 0;   // tokens are unguessable: a keyed hash of a counter
+  uint64_t tokens_made_ = 0;
+  void expire_reservations(int64_t now_ns);
+  // The prompt tokens reserved by tiers of `priority` and above, for clients due back by then.
+  double reserved_tokens(int32_t priority, int64_t due_by_ns) const;
+  // The reservation `a` holds, if it is back within its window.
+  const reservation* held_reservation(const arrival& a) const;
   engine_load load_;
   int64_t late_refusals_ = 0;
   int64_t now_ns_ = 0;  // of the latest arrival

@@ -5,6 +5,7 @@
 
 #include <sys/socket.h>
 
+#include <charconv>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -34,8 +35,10 @@ struct http_gateway::header_ids {
         degradations(b.add("x-tireless-degradations")),
         request_id(b.add("x-request-id")),
         cache_control(b.add("Cache-Control")),
-        should_retry(b.add("x-should-retry")) {}
-  kj::HttpHeaderId authorization, retry_after, retry_after_ms, degradations, request_id, cache_control, should_retry;
+        should_retry(b.add("x-should-retry")),
+        retry_token(b.add("x-tireless-retry-token")) {}
+  kj::HttpHeaderId authorization, retry_after, retry_after_ms, degradations, request_id, cache_control, should_retry,
+      retry_token;
 };
 
 // One generation, touched only on the loop's thread: the runtime's callbacks post to it.
@@ -178,6 +181,7 @@ kj::Promise<void> http_gateway::respond_json(kj::HttpService::Response& response
     headers.set(ids_->retry_after, kj::str((error->retry_after_ms + 999) / 1000));
     headers.set(ids_->retry_after_ms, kj::str(error->retry_after_ms));
   }
+  if (error && error->retry_token != 0) headers.set(ids_->retry_token, kj::str(error->retry_token));
   if (error && error->status < 500 && error->status != 429) headers.set(ids_->should_retry, "false");
   if (done) {
     headers.set(ids_->request_id, kj::str(done->request_id));
@@ -208,10 +212,15 @@ kj::Promise<void> http_gateway::handle(kj::HttpMethod method, kj::StringPtr url,
     if (!post) return error(405, "invalid_request_error", fmt::format("use POST for {}", path));
     const int endpoint = path == "/v1/chat/completions" ? chat_endpoint : completions_endpoint;
     std::string key = api_key_of(headers, ids_->authorization);
+    uint64_t token = 0;
+    KJ_IF_MAYBE (t, headers.get(ids_->retry_token)) {
+      std::from_chars(t->begin(), t->end(), token);  // a malformed one is no token
+    }
     return body.readAllText(max_body_bytes_)
         .then(
-            [this, endpoint, key = std::move(key), &response, &connection](kj::String text) mutable {
-              return generate(endpoint, std::string(text.cStr(), text.size()), std::move(key), response, connection);
+            [this, endpoint, key = std::move(key), token, &response, &connection](kj::String text) mutable {
+              return generate(endpoint, std::string(text.cStr(), text.size()), std::move(key), token, response,
+                              connection);
             },
             [this, &response](kj::Exception&& e) -> kj::Promise<void> {
               if (e.getType() == kj::Exception::Type::DISCONNECTED) return kj::mv(e);
@@ -250,7 +259,7 @@ kj::Promise<void> http_gateway::handle(kj::HttpMethod method, kj::StringPtr url,
                            "/health and /ready", path));
 }
 
-kj::Promise<void> http_gateway::generate(int endpoint, std::string body, std::string api_key,
+kj::Promise<void> http_gateway::generate(int endpoint, std::string body, std::string api_key, uint64_t retry_token,
                                          kj::HttpService::Response& response, watched_stream& connection) {
   auto parsed = parse_openai_request(body, static_cast<openai_endpoint>(endpoint), limits_, seeds_());
   if (auto* e = std::get_if<api_error>(&parsed)) {
@@ -266,6 +275,7 @@ kj::Promise<void> http_gateway::generate(int endpoint, std::string body, std::st
   g->call = std::move(std::get<openai_call>(parsed));
   request req = std::move(g->call.req);
   req.api_key = api_key;
+  if (req.retry_token == 0) req.retry_token = retry_token;
   const bool streamed = g->call.stream;
   if (!streamed) {  // the text comes with the outcome: no window to hold the sequence back
     req.token_window = 0;

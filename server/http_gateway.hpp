@@ -51,8 +51,8 @@ class http_gateway {
   kj::Promise<void> handle(kj::HttpMethod method, kj::StringPtr url, const kj::HttpHeaders& headers,
                            kj::AsyncInputStream& body, kj::HttpService::Response& response,
                            class watched_stream& connection);
-  kj::Promise<void> generate(int endpoint, std::string body, std::string api_key, kj::HttpService::Response& response,
-                             class watched_stream& connection);
+  kj::Promise<void> generate(int endpoint, std::string body, std::string api_key, uint64_t retry_token,
+                             kj::HttpService::Response& response, class watched_stream& connection);
   kj::Promise<void> respond_json(kj::HttpService::Response& response, unsigned status, std::string body,
                                  const struct api_error* error = nullptr, const struct outcome* done = nullptr);
   kj::Promise<void> stream(std::shared_ptr<generation> g, kj::HttpService::Response& response);

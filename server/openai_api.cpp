@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -292,6 +293,15 @@ std::variant<openai_call, api_error> parse_openai_request(std::string_view body,
   std::string user;
   b.string("user", user);
   if (!b.ok()) return *b.problem;
+  if (const json* t = b.field("retry_token")) {
+    std::string digits = t->is_string() ? t->get<std::string>() : t->is_number_unsigned() ? std::to_string(t->get<uint64_t>()) : "";
+    uint64_t token = 0;
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), token);
+    if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size()) {
+      return invalid("retry_token", "'retry_token' must be the decimal string a 429 response gave");
+    }
+    q.retry_token = token;
+  }
 
   q.timeout = limits.default_timeout;
   q.token_window = limits.stream_window;
@@ -313,6 +323,7 @@ api_error error_of(const outcome& o) {
   e.message = o.message.empty() ? o.reason : o.message;
   e.code = o.reason;
   e.retry_after_ms = o.retry_after_ms;
+  e.retry_token = o.retry_token;
   switch (o.kind) {
     case outcome_kind::rejected:
       if (o.reason == reason::unauthenticated) {
@@ -347,6 +358,7 @@ std::string error_body(const api_error& e) {
   err["param"] = e.param.empty() ? json(nullptr) : json(e.param);
   err["code"] = e.code.empty() ? json(nullptr) : json(e.code);
   if (e.retry_after_ms >= 0) err["retry_after_ms"] = e.retry_after_ms;
+  if (e.retry_token != 0) err["retry_token"] = std::to_string(e.retry_token);
   return json{{"error", err}}.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 

@@ -12,6 +12,9 @@
 // - "developer" messages are system messages; message content is a string or a list of text
 //   parts. Roles and parts other than these are refused.
 // - prompt (completions): a string, a list of one string, or a list of token ids.
+// - A 429's body has retry_after_ms and retry_token (a decimal string); a retry that sends the
+//   token back (body field "retry_token", or the x-tireless-retry-token header) after that
+//   wait holds the room reserved for it.
 
 #include <cstdint>
 #include <string>
@@ -35,6 +38,7 @@ struct api_error {
   std::string param;  // the field at fault; "" is sent as null
   std::string message;
   int64_t retry_after_ms = -1;  // 429 and 503: the Retry-After and retry-after-ms headers
+  uint64_t retry_token = 0;     // refused for load: sent back with the retry, it holds a reservation
 };
 
 struct openai_call {

@@ -139,6 +139,7 @@ std::variant<decoded_request, request_problem> decode_request(rpc::GenerateReque
   if (timeout < 0) return invalid(fmt::format("timeoutMs is {}; use 0 (the server's default) or more", timeout));
   q.timeout = timeout == 0 ? limits.default_timeout
                            : std::min(std::chrono::milliseconds(timeout), limits.default_timeout);
+  q.retry_token = r.getRetryToken();
   q.token_window = limits.stream_window;
   q.manual_ack = true;
   const auto id = r.getClientRequestId();  // read once

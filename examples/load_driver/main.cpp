@@ -161,8 +161,9 @@ scenario_outcome run_scenario(const std::string& scenario_path, const options& o
 
   std::unique_ptr<target> t;
   try {
-    t = s.target == target_kind::virtual_sim
-            ? make_virtual_target(s)
+    t = s.target == target_kind::virtual_sim ? make_virtual_target(s)
+        : s.target == target_kind::openai
+            ? make_openai_target(s)
             : make_server_target(s, o.serve.empty() ? (s.serve.empty() ? default_serve() : s.serve) : std::filesystem::path(o.serve),
                                  out);
   } catch (const std::exception& e) {

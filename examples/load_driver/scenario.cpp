@@ -332,9 +332,23 @@ std::vector<trace_row> read_trace(reader& r, const scenario& s, const scenario_f
 void read_target(reader& r, const toml::table& doc, scenario& s) {
   const toml::table* t = r.table(doc, "target", "", true);
   if (!t) return;
-  r.only(*t, "target", {"kind", "config", "quotas", "address", "serve"});
-  const auto kind = r.choice(*t, "kind", "target", {"virtual", "server"}, true);
-  s.target = kind == "server" ? target_kind::server : target_kind::virtual_sim;
+  r.only(*t, "target", {"kind", "config", "quotas", "address", "serve", "base_url", "keys"});
+  const auto kind = r.choice(*t, "kind", "target", {"virtual", "server", "openai"}, true);
+  s.target = kind == "server" ? target_kind::server : kind == "openai" ? target_kind::openai : target_kind::virtual_sim;
+  s.base_url = r.string(*t, "base_url", "target").value_or("");
+  if (s.target == target_kind::openai && s.base_url.rfind("http://", 0) != 0) {
+    r.error(t, "target.base_url", "kind = \"openai\" needs base_url = \"http://host:port\" (an OpenAI-compatible server)");
+  }
+  if (s.target != target_kind::openai && !s.base_url.empty()) r.error(t, "target", "base_url applies to kind = \"openai\" only");
+  if (const toml::table* keys = r.table(*t, "keys", "target", false)) {
+    for (const auto& [k, v] : *keys) {
+      if (!v.is_string()) {
+        r.error(&v, "target.keys", "each key maps to a string (the key sent to the server)");
+        continue;
+      }
+      s.target_keys[std::string(k.str())] = *v.value<std::string>();
+    }
+  }
   const auto base = s.file.parent_path();
   if (auto c = r.string(*t, "config", "target", true)) s.config_path = resolve(base, *c);
   s.lift_quotas = r.choice(*t, "quotas", "target", {"config", "lifted"}).value_or("config") == "lifted";

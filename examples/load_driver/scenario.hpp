@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <functional>
 #include <optional>
 #include <stdexcept>
@@ -66,7 +67,7 @@ struct trace_row {
   int32_t prompt_tokens = 0, output_tokens = 0;
 };
 
-enum class target_kind { virtual_sim, server };
+enum class target_kind { virtual_sim, server, openai };
 enum class arrival_kind { poisson, trace };
 
 struct scenario {
@@ -81,6 +82,9 @@ struct scenario {
   bool lift_quotas = false;        // quotas = "lifted": tenants' quotas removed in every run
   std::string address;             // server: "host:port" of a running server ("" = spawn one)
   std::filesystem::path serve;     // server: the tireless-serve program ("" = next to this one)
+  std::string base_url;            // openai: "http://host:port" of an OpenAI-compatible server
+  // openai: the key sent for each scenario tenant key (absent: the scenario's key itself)
+  std::map<std::string, std::string> target_keys;
 
   // [run]
   double duration_s = 60, warmup_s = 10;

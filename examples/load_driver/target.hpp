@@ -55,6 +55,8 @@ class target {
 };
 
 std::unique_ptr<target> make_virtual_target(const scenario& s);
+// Any OpenAI-compatible server at scenario.base_url (its policy is its own).
+std::unique_ptr<target> make_openai_target(const scenario& s);
 // serve: the tireless-serve program (ignored with scenario.address); out_dir: where the config
 // copies and server logs go.
 std::unique_ptr<target> make_server_target(const scenario& s, std::filesystem::path serve,

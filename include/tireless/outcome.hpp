@@ -33,6 +33,7 @@ struct outcome {
                              // failed: error
   std::string message;       // for people: what happened and what to do
   int64_t retry_after_ms = -1;  // rejected: wait at least this long before retrying; -1: don't
+  uint64_t retry_token = 0;     // rejected for load: send it with the retry (request::retry_token)
   std::vector<std::string> degradations;  // everything done to the request because of load
   int32_t prompt_tokens = 0, completion_tokens = 0, cached_prompt_tokens = 0, preemptions = 0;
   double queued_ms = 0, time_to_first_token_ms = -1, total_ms = 0;

@@ -56,6 +56,9 @@ struct request {
   // With a window: false, a token counts as taken once on_token returns; true, only when the
   // host calls runtime::acknowledge (a server acknowledges what its client has received).
   bool manual_ack = false;
+  // A retry of a request refused for load: the retry_token of that refusal's outcome. Back at
+  // or after its retry_after_ms, it holds the room reserved for it (it is not shed).
+  uint64_t retry_token = 0;
 };
 
 struct token_event {

@@ -37,6 +37,9 @@ except ImportError as e:
     print("0 passed, 1 failed")
     sys.exit(1)
 
+sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
+import tireless_client as tc  # noqa: E402
+
 import harness as h  # noqa: E402
 from harness import LONG_TEXT, PREMIUM, STANDARD, check  # noqa: E402
 
@@ -658,6 +661,151 @@ scrape_configs:
         log.close()
 
 
+# ---------------------------------------------------------------------------------------------
+# The Python client package (clients/python)
+
+
+def test_python_client_speaks_both_transports_alike(ctx):
+    http = tc.Client(ctx.url, api_key=PREMIUM)
+    rpc = tc.Client(f"capnp://{ctx.server.host}:{ctx.server.port}", api_key=PREMIUM)
+    msgs = [{"role": "user", "content": "Name three primary colors."}]
+    a = http.chat(msgs, max_tokens=20, temperature=0)
+    b = rpc.chat(msgs, max_tokens=20, temperature=0)
+    check(a.ok and b.ok, f"http {a.kind}, rpc {b.kind}")
+    check(a.text == b.text and a.text, f"greedy texts differ: http {a.text!r}, rpc {b.text!r}")
+    check(a.completion_tokens == b.completion_tokens, f"{a.completion_tokens} vs {b.completion_tokens} tokens")
+    for client in (http, rpc):
+        pieces = []
+        r = client.complete(LONG_TEXT, on_text=pieces.append, max_tokens=12, temperature=0)
+        check(r.ok and "".join(pieces) == r.text and len(pieces) >= 2, f"streamed {pieces!r} vs {r.text!r}")
+        check(r.finish_reason == "length", f"finish_reason {r.finish_reason}")
+    try:
+        tc.Client(ctx.url, api_key="sk-nobody").chat(msgs, max_tokens=4)
+        raise h.TestFailure("an unknown key was not refused")
+    except tc.Refused as e:
+        check(e.result.reason == "unauthenticated" and not e.result.retryable, f"{e.result}")
+
+
+def test_python_client_fails_over_and_its_breaker_skips_a_dead_endpoint(ctx):
+    dead = f"http://127.0.0.1:{free_port()}"
+    client = tc.Client([dead, ctx.url], api_key=PREMIUM, breaker_threshold=2, breaker_cooldown_s=60,
+                       policy=tc.RetryPolicy(base_s=0.2))
+    for _ in range(5):
+        r = client.chat([{"role": "user", "content": "Hi"}], max_tokens=4)
+        check(r.ok and r.endpoint == ctx.url, f"served by {r.endpoint}: {r.kind}")
+        time.sleep(0.25)  # past the backoff: the dead endpoint is the first choice again, until its breaker opens
+    check(client.breakers[dead].state == "open", f"the dead endpoint's breaker is {client.breakers[dead].state}")
+    check(client.attempts[dead] == 2, f"{client.attempts[dead]} tries went to the dead endpoint; its breaker "
+                                      "should have stopped them after 2")
+    # All endpoints dead: Unavailable or DeadlineExceeded, quickly, never a hang.
+    lonely = tc.Client([dead], api_key=PREMIUM, policy=tc.RetryPolicy(max_retries=2, base_s=0.05, deadline_s=5))
+    t0 = time.monotonic()
+    try:
+        lonely.chat([{"role": "user", "content": "Hi"}], max_tokens=4)
+        raise h.TestFailure("a dead endpoint answered")
+    except (tc.Refused, tc.DeadlineExceeded, tc.Unavailable):
+        pass
+    check(time.monotonic() - t0 < 6, "giving up on a dead endpoint took longer than the deadline")
+
+
+def test_python_client_total_deadline_bounds_retries(ctx):
+    started = threading.Event()
+    holder = threading.Thread(target=hold_solo_slot, args=(ctx, started, 200))
+    holder.start()
+    try:
+        check(started.wait(h.slack(30)), "the slot holder never started")
+        client = tc.Client(ctx.url, api_key=SOLO, policy=tc.RetryPolicy(max_retries=100, deadline_s=0.5))
+        t0 = time.monotonic()
+        try:
+            client.chat([{"role": "user", "content": "Hi"}], max_tokens=4)
+            ctx.notes.append("the slot was free again within 0.5 s")
+        except (tc.DeadlineExceeded, tc.Refused) as e:
+            check(e.result is not None and e.result.reason == "quota_exceeded", f"{e}")
+        check(time.monotonic() - t0 <= 0.5 + h.slack(2), "the deadline was not kept")
+        check(all(e.waited_as_told for e in client.retry_log if e.told_ms >= 0), "a retry came back early")
+    finally:
+        holder.join(h.slack(120))
+
+
+def test_long_document_is_split_when_refused_as_too_long(ctx):
+    paragraphs = [f"Paragraph {i}. The lighthouse keeper counted {i} ships passing the northern cape that "
+                  f"evening, and wrote each name in the log with care." * 12 for i in range(1, 40)]
+    document = "\n\n".join(paragraphs)
+    client = tc.Client(ctx.url, api_key=PREMIUM)
+    partial = []
+    result = tc.process_long_document(client, document, on_partial=lambda i, text: partial.append(i),
+                                      max_tokens=24, temperature=0)
+    check(result.parts and len(result.parts) >= 2, f"the document was not split ({len(result.parts)} parts)")
+    check(partial == list(range(len(result.parts))), f"partial results came as {partial}")
+    check("".join(result.parts).replace("\n", "").replace(" ", "") ==
+          document.replace("\n", "").replace(" ", ""), "the parts lose or add text")
+    check(result.text.strip(), "no combined answer")
+    ctx.notes.append(f"{len(document)} chars refused as too long; {len(result.parts)} parts, then one combining request")
+
+
+FLOOD_TENANT = """
+[[tenants]]
+name = "flood"
+keys = ["sk-flood-test"]
+tier = "free"
+"""
+
+
+def test_python_client_retries_are_honest_on_a_shedding_tier(ctx):
+    """Free requests flood a server whose premium tier is busy: the free tier sheds with a
+    retry_after. Of the client's retries that waited what the server said, >= 90% are admitted."""
+    if h.SANITIZED:
+        ctx.notes.append("skipped under sanitizers (the shipped latency targets need full speed)")
+        return
+    # At most 8 sequences at once: 30 free clients then queue, and the free tier sheds.
+    server = h.Server(ctx.args.server, ctx.args.config, ctx.workdir, name="shedding", http=True, tier_scale=None,
+                      overrides={("engine", "max_step_seqs"): 8},
+                      edit=lambda t: t.replace("[[tenants]]", FLOOD_TENANT.lstrip() + "\n[[tenants]]", 1))
+    url = server.base_url
+    stop = time.monotonic() + 45
+    log, outcomes, lock = [], {"ok": 0, "refused": 0, "deadline": 0}, threading.Lock()
+
+    def premium_load():
+        c = tc.Client(url, api_key=PREMIUM, policy=tc.RetryPolicy(deadline_s=60))
+        while time.monotonic() < stop:
+            try:
+                c.complete(LONG_TEXT, max_tokens=120, temperature=0)
+            except tc.TirelessError:
+                pass
+
+    def free_client(i):
+        c = tc.Client(url, api_key="sk-flood-test", policy=tc.RetryPolicy(max_retries=8, deadline_s=60))
+        while time.monotonic() < stop:
+            try:
+                c.chat([{"role": "user", "content": f"Write a long story about ship number {i}."}], max_tokens=200)
+                key = "ok"
+            except tc.DeadlineExceeded:
+                key = "deadline"
+            except tc.TirelessError:
+                key = "refused"
+            with lock:
+                outcomes[key] += 1
+        with lock:
+            log.extend(c.retry_log)
+
+    threads = [threading.Thread(target=premium_load) for _ in range(3)]
+    threads += [threading.Thread(target=free_client, args=(i,)) for i in range(30)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        server.stop()
+    told = [e for e in log if e.waited_as_told]
+    admitted = sum(1 for e in told if e.admitted)
+    share = admitted / len(told) if told else 0.0
+    ctx.notes.append(f"free flood: {outcomes}; {len(log)} retries, {len(told)} waited retry_after, "
+                     f"{admitted} of those admitted ({share:.0%})")
+    check(len(told) >= 10, f"only {len(told)} retries waited a retry_after: the tier did not shed")
+    check(share >= 0.9, f"{share:.0%} of the retries that waited retry_after were admitted (bar: 90%)")
+
+
 TESTS = [
     test_models_health_ready,
     test_chat_completion,
@@ -672,6 +820,11 @@ TESTS = [
     test_backoff_loop_of_the_articles,
     test_client_going_away_cancels,
     test_slow_reader_pauses_its_stream,
+    test_python_client_speaks_both_transports_alike,
+    test_python_client_fails_over_and_its_breaker_skips_a_dead_endpoint,
+    test_python_client_total_deadline_bounds_retries,
+    test_long_document_is_split_when_refused_as_too_long,
+    test_python_client_retries_are_honest_on_a_shedding_tier,
     test_metrics_speak_prometheus_and_the_inference_gateway_protocol,
     test_a_real_prometheus_sees_the_values_move_under_load,
     test_ready_turns_503_on_sigterm_and_streams_end,

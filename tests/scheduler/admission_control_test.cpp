@@ -433,5 +433,54 @@ TEST(admission_control, would_refuse_promises_nothing) {
   EXPECT_EQ(asked.queued(), 0);
 }
 
+TEST(admission_control, a_client_back_with_its_retry_token_at_the_hinted_time_is_admitted_not_shed_again) {
+  const tier_settings free_tier = tier("free", 1, 500ms, true, {{0.85, degrade_action::shed, 0}});
+  admission_control c(admission_policy::tireless, {}, {free_tier}, {tenant("a", "free"), tenant("b", "free")});
+  c.observe(busy_engine(8000));  // far over the target: the tier sheds
+  const admission_decision refused = arrive(c, 1, "a", "free", 0);
+  ASSERT_FALSE(refused.admitted);
+  ASSERT_EQ(refused.reason, refusal::overloaded);
+  ASSERT_NE(refused.retry_token, 0u);
+  ASSERT_GT(refused.retry_after_ms, 0);
+  const int64_t back = refused.retry_after_ms * 1'000'000;
+  // The load did not fall as predicted: a newcomer is still shed...
+  EXPECT_FALSE(arrive(c, 2, "b", "free", back).admitted);
+  // ...and so is a client back too early, or with another tenant's token, or a made-up one.
+  arrival early{3, "a", "free", 100, 100, back / 2};
+  early.retry_token = refused.retry_token;
+  EXPECT_FALSE(c.arrive(early).admitted);
+  arrival stolen{4, "b", "free", 100, 100, back};
+  stolen.retry_token = refused.retry_token;
+  EXPECT_FALSE(c.arrive(stolen).admitted);
+  arrival forged{5, "a", "free", 100, 100, back};
+  forged.retry_token = refused.retry_token + 1;
+  EXPECT_FALSE(c.arrive(forged).admitted);
+  // The client back at its time with its token holds its reservation: admitted, once.
+  arrival honest{6, "a", "free", 100, 100, back};
+  honest.retry_token = refused.retry_token;
+  EXPECT_TRUE(c.arrive(honest).admitted);
+  honest.id = 7;
+  EXPECT_FALSE(c.arrive(honest).admitted) << "a token is good for one retry";
+  // Past its window a reservation is gone.
+  const admission_decision again = arrive(c, 8, "a", "free", back);
+  ASSERT_NE(again.retry_token, 0u);
+  arrival late{9, "a", "free", 100, 100, back + again.retry_after_ms * 1'000'000 + 60 * second};
+  late.retry_token = again.retry_token;
+  EXPECT_FALSE(c.arrive(late).admitted);
+}
+
+TEST(admission_control, a_shed_requests_hint_waits_until_the_pressure_is_under_the_shedding_rung) {
+  // Shedding from 0.5 of the target on: a hint to the target itself would bring the client back
+  // into the same refusal.
+  const tier_settings t = tier("t", 1, 1000ms, true, {{0.5, degrade_action::shed, 0}});
+  admission_control c(admission_policy::tireless, {}, {t}, {});
+  c.observe(busy_engine(6000));
+  const double predicted = c.predicted_ttft("t", 100);
+  ASSERT_GT(predicted, 0.5);
+  const admission_decision d = arrive(c, 1, "", "t", 0);
+  ASSERT_FALSE(d.admitted);
+  EXPECT_GE(d.retry_after_ms, static_cast<int64_t>((predicted - 0.5) * 1000));
+}
+
 }  // namespace
 }  // namespace tireless
