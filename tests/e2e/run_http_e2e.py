@@ -479,7 +479,7 @@ def test_slow_reader_pauses_its_stream(ctx):
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s"
               % (PREMIUM.encode(), len(body), body))
     s.recv(1024)
-    stop_reading = 4.0
+    stop_reading = 8.0  # long enough to fill the window and the buffers on a slow or busy machine
     time.sleep(stop_reading)
     data = b""
     s.settimeout(h.slack(120))
@@ -625,11 +625,13 @@ scrape_configs:
             time.sleep(0.5)
         check(up == [1.0], f"Prometheus never scraped the server (up = {up})")
         before = sum(query('tireless_requests_total{outcome="completed"}'))
-        # Load: concurrent streams for a few seconds.
+        # Load: concurrent streams long enough to span several scrapes (a sanitized build is
+        # many times slower: fewer tokens span as many).
         done = []
+        tokens = 40 if h.SANITIZED else 200
 
         def one(i):
-            stream = ctx.client().completions.create(model=MODEL, prompt=f"{LONG_TEXT} {i}", max_tokens=60,
+            stream = ctx.client().completions.create(model=MODEL, prompt=f"{LONG_TEXT} {i}", max_tokens=tokens,
                                                      temperature=0, stream=True)
             done.append(sum(1 for _ in stream))
 
@@ -728,6 +730,9 @@ def test_python_client_total_deadline_bounds_retries(ctx):
 
 
 def test_long_document_is_split_when_refused_as_too_long(ctx):
+    if h.SANITIZED:
+        ctx.notes.append("skipped under sanitizers (~15k tokens of prefill)")
+        return
     paragraphs = [f"Paragraph {i}. The lighthouse keeper counted {i} ships passing the northern cape that "
                   f"evening, and wrote each name in the log with care." * 12 for i in range(1, 40)]
     document = "\n\n".join(paragraphs)
