@@ -171,11 +171,14 @@ caf::behavior admission(self_ptr self, std::shared_ptr<admission_gate> gate) {
         for (const admission_control::late_request& l : st.control().too_late_to_start(now)) {
           auto it = st.queued.find(l.q.id);
           if (it == st.queued.end()) continue;
-          reject(self, it->second.session, l.q.id, refusal::overloaded,
-                 fmt::format("admitted, but it waited {} ms in tier '{}''s queue and cannot start within {} ms "
-                             "(start_within_ms): refused before any work was spent on it; retry in {} ms",
-                             (now - l.q.arrival_ns) / 1'000'000, l.q.tier, l.bound_ms, l.retry_after_ms),
-                 l.retry_after_ms);
+          admission_decision d;
+          d.reason = refusal::overloaded;
+          d.message = fmt::format("admitted, but it waited {} ms in tier '{}''s queue and cannot start within {} ms "
+                                  "(start_within_ms): refused before any work was spent on it; retry in {} ms",
+                                  (now - l.q.arrival_ns) / 1'000'000, l.q.tier, l.bound_ms, l.retry_after_ms);
+          d.retry_after_ms = l.retry_after_ms;
+          d.retry_token = l.retry_token;
+          reject(self, it->second.session, l.q.id, d);
           st.queued.erase(it);
         }
         tick(self);
@@ -192,7 +195,7 @@ caf::behavior admission(self_ptr self, std::shared_ptr<admission_gate> gate) {
 }  // namespace
 
 std::shared_ptr<admission_gate> make_admission_gate(const admission_options& o) {
-  return std::make_shared<admission_gate>(o.policy, o.settings, o.tiers, o.tenants);
+  return std::make_shared<admission_gate>(o.policy, o.settings, o.tiers, o.tenants, o.retry_reservations);
 }
 
 caf::actor spawn_admission(caf::actor_system& sys, std::shared_ptr<admission_gate> gate) {

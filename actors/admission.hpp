@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "config/runtime_config.hpp"
+#include "scheduler/retry_book.hpp"
 
 namespace tireless {
 
@@ -33,6 +34,7 @@ struct admission_options {
   admission_settings settings;
   std::vector<tier_settings> tiers;
   std::vector<tenant_settings> tenants;
+  std::shared_ptr<retry_book> retry_reservations;  // shared with the engine; null: admission's own
 };
 
 // Messages:

@@ -51,6 +51,9 @@ pipeline_options make_pipeline_options(const runtime_config& c, const resolved_l
   po.admission.settings = c.admission;
   po.admission.tiers = c.tiers;
   po.admission.tenants = c.tenants;
+  // One book of retry reservations: admission's refusals and the engine's late ones both reserve.
+  po.admission.retry_reservations = std::make_shared<retry_book>();
+  po.engine.retry_reservations = po.admission.retry_reservations;
   engine_options& eo = po.engine;
   eo.limits.max_step_tokens = c.engine.max_step_tokens;
   eo.limits.max_step_seqs = c.engine.max_step_seqs;

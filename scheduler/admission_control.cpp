@@ -24,12 +24,6 @@ double shed_pressure(const tier_settings& t) {
   return 1e9;
 }
 
-uint64_t mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 admission_decision refuse(refusal why, std::string message, int64_t retry_after_ms) {
   admission_decision d;
@@ -42,12 +36,13 @@ admission_decision refuse(refusal why, std::string message, int64_t retry_after_
 }  // namespace
 
 admission_control::admission_control(admission_policy kind, const admission_settings& settings,
-                                     std::vector<tier_settings> tiers, std::vector<tenant_settings> tenants)
+                                     std::vector<tier_settings> tiers, std::vector<tenant_settings> tenants,
+                                     std::shared_ptr<retry_book> book)
     : kind_(kind),
       settings_(settings),
       tiers_(std::move(tiers)),
       tenants_(std::move(tenants)),
-      token_key_((uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()) {
+      book_(book ? std::move(book) : std::make_shared<retry_book>()) {
   std::sort(tiers_.begin(), tiers_.end(), [](const auto& a, const auto& b) { return a.priority > b.priority; });
   for (const tier_settings& t : tiers_) {
     tier_state s;
@@ -180,32 +175,8 @@ bool admission_control::displaces_lower_tiers(const tier_settings& tier, int32_t
   return false;
 }
 
-// A reservation lasts this long past its due time: clients add jitter to the hint (up to a
-// tenth of it, at most 1 s), and a retry takes a round trip. A client that does not come back
-// by then is gone, and its room with it.
-constexpr int64_t reservation_window_ns = 1'500'000'000;
-// A client may come back this early (a share of its hint): clocks and timers are not exact.
-constexpr double reservation_early_share = 0.05;
-
-void admission_control::expire_reservations(int64_t now_ns) {
-  for (auto it = reservations_.begin(); it != reservations_.end();) {
-    it = it->second.expires_ns < now_ns ? reservations_.erase(it) : std::next(it);
-  }
-}
-
-double admission_control::reserved_tokens(int32_t priority, int64_t due_by_ns) const {
-  double n = 0;
-  for (const auto& [token, r] : reservations_) {
-    if (r.priority >= priority && r.due_ns <= due_by_ns) n += r.prompt_tokens;
-  }
-  return n;
-}
-
-const admission_control::reservation* admission_control::held_reservation(const arrival& a) const {
-  if (a.retry_token == 0) return nullptr;
-  auto it = reservations_.find(a.retry_token);
-  if (it == reservations_.end() || it->second.tenant != a.tenant || a.now_ns > it->second.expires_ns) return nullptr;
-  return a.now_ns >= it->second.due_ns ? &it->second : nullptr;
+bool admission_control::holds_reservation(const arrival& a) const {
+  return a.retry_token != 0 && book_->held(a.retry_token, a.tenant, a.now_ns);
 }
 
 // How long a refused request should wait: until the work ahead of it, including the work
@@ -214,16 +185,9 @@ const admission_control::reservation* admission_control::held_reservation(const 
 int64_t admission_control::retry_hint_ms(const tier_settings& tier, const arrival& a, double target_seconds,
                                          bool promise, uint64_t* token) {
   if (!promise) return 0;  // would_refuse asks: no hint is given, nothing promised
-  expire_reservations(a.now_ns);
-  const double ttft = predicted_ttft(tier.name, a.prompt_tokens, reserved_tokens(tier.priority, INT64_MAX));
+  const double ttft = predicted_ttft(tier.name, a.prompt_tokens, book_->reserved_tokens(tier.priority, a.now_ns));
   const int64_t hint = std::max<int64_t>(ms_ceil(ttft - target_seconds), 100);
-  if (token) {
-    uint64_t t = 0;
-    while (t == 0 || reservations_.count(t)) t = mix64(token_key_ ^ ++tokens_made_);
-    const int64_t due = a.now_ns + static_cast<int64_t>(hint * 1e6 * (1.0 - reservation_early_share));
-    reservations_[t] = {a.tenant, tier.priority, a.prompt_tokens, due, a.now_ns + hint * 1'000'000 + reservation_window_ns};
-    *token = t;
-  }
+  if (token) *token = book_->reserve(a.tenant, tier.priority, a.prompt_tokens, a.now_ns, hint * 1'000'000);
   return hint;
 }
 
@@ -283,7 +247,7 @@ admission_decision admission_control::decide(const arrival& a, bool promise) {
     // are judged by the work queued, not by reservations: clients that retry without their
     // token, or never, would otherwise hold phantom room; in the sim suite that cost 30-40% of
     // the goodput at 2-3x.)
-    const bool reserved = held_reservation(a) != nullptr;
+    const bool reserved = holds_reservation(a);
     const double ttft = predicted_ttft(ts.name, a.prompt_tokens);
     // Infeasible: its own prefill, on an idle engine, takes longer than the target. It is
     // judged by the wait ahead of it (the target is out of reach whatever the load) and by
@@ -364,9 +328,12 @@ admission_decision admission_control::decide(const arrival& a, bool promise) {
     if (auto q = check_quotas(*tenant, a, d.max_tokens)) return *q;
   }
   if (kind_ != admission_policy::fcfs && tier.queued >= ts.queue_bound) {
-    return refuse(refusal::overloaded,
-                  fmt::format("tier '{}' has {} requests waiting, its limit", ts.name, tier.queued),
-                  retry_hint_ms(ts, a, 0.0, promise));
+    uint64_t token = 0;
+    const int64_t hint = retry_hint_ms(ts, a, 0.0, promise, kind_ == admission_policy::tireless ? &token : nullptr);
+    admission_decision r =
+        refuse(refusal::overloaded, fmt::format("tier '{}' has {} requests waiting, its limit", ts.name, tier.queued), hint);
+    r.retry_token = token;
+    return r;
   }
   return d;
 }
@@ -382,7 +349,7 @@ bool admission_control::would_refuse(const arrival& a) { return !decide(a, false
 admission_decision admission_control::arrive(const arrival& a) {
   admission_decision d = decide(a);
   if (!d.admitted) return d;
-  if (held_reservation(a)) reservations_.erase(a.retry_token);  // the promised work is here now
+  if (a.retry_token != 0) book_->take(a.retry_token, a.tenant, a.now_ns);  // the promised work is here now
   tier_state& tier = tier_of(a.tier);
   const tier_settings& ts = *tier.settings;
   tenant_state* tenant = &tenant_of(a.tenant);
@@ -586,7 +553,7 @@ std::vector<admission_control::late_request> admission_control::too_late_to_star
     cancel(l.q.id, now_ns);  // first: its own prompt is no longer ahead of anyone
     const tier_settings& ts = *tier_of(l.q.tier).settings;
     const arrival a{l.q.id, l.q.tenant, l.q.tier, l.q.prompt_tokens, l.q.max_tokens, now_ns};
-    l.retry_after_ms = retry_hint_ms(ts, a, std::chrono::duration<double>(ts.ttft).count(), true);
+    l.retry_after_ms = retry_hint_ms(ts, a, std::chrono::duration<double>(ts.ttft).count(), true, &l.retry_token);
   }
   late_refusals_ += static_cast<int64_t>(out.size());
   return out;

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "config/runtime_config.hpp"
+#include "scheduler/retry_book.hpp"
 #include "scheduler/step_time_model.hpp"
 #include "scheduler/token_bucket.hpp"
 
@@ -87,8 +88,10 @@ struct queued_request {
 
 class admission_control {
  public:
+  // book: the retry reservations, shared with the engine (a book of its own when null).
   admission_control(admission_policy kind, const admission_settings& settings,
-                   std::vector<tier_settings> tiers, std::vector<tenant_settings> tenants);
+                   std::vector<tier_settings> tiers, std::vector<tenant_settings> tenants,
+                   std::shared_ptr<retry_book> book = nullptr);
 
   // Refuses the request, or queues it (admitted).
   admission_decision arrive(const arrival& a);
@@ -115,6 +118,7 @@ class admission_control {
     queued_request q;
     int64_t bound_ms = 0;        // its tier's start bound
     int64_t retry_after_ms = 0;  // when the work ahead would let it meet its target
+    uint64_t retry_token = 0;    // its reservation for that time
   };
   std::vector<late_request> too_late_to_start(int64_t now_ns);
   int64_t late_refusals() const { return late_refusals_; }
@@ -192,25 +196,12 @@ class admission_control {
   std::unordered_map<std::string, tenant_state> tenant_states_;
   std::unordered_map<uint64_t, holding> held_;  // queued or released, until finished
   std::deque<uint64_t> arrivals_;               // fcfs order
-  // Work promised to refused clients, until they come back or their window passes. A client
-  // told to come back at t finds the work of those told to come back before it still ahead, so
-  // hints are staggered and a herd of refused clients does not return at once into the same
-  // wall; and every newcomer of the same or a lower tier finds it ahead too, so it cannot take
-  // the room a returning client was promised (the hint is honest).
-  struct reservation {
-    std::string tenant;
-    int32_t priority = 0;
-    int32_t prompt_tokens = 0;
-    int64_t due_ns = 0, expires_ns = 0;
-  };
-  std::unordered_map<uint64_t, reservation> reservations_;  // by token
-  uint64_t token_key_ = 0;   // tokens are unguessable: a keyed hash of a counter
-  uint64_t tokens_made_ = 0;
-  void expire_reservations(int64_t now_ns);
-  // The prompt tokens reserved by tiers of `priority` and above, for clients due back by then.
-  double reserved_tokens(int32_t priority, int64_t due_by_ns) const;
-  // The reservation `a` holds, if it is back within its window.
-  const reservation* held_reservation(const arrival& a) const;
+  // Reservations for the returns of refused clients (shared with the engine, whose late
+  // refusals reserve too). A client told to come back at t finds the work of those told to
+  // come back before it still ahead, so hints are staggered and a herd of refused clients does
+  // not return at once into the same wall; one back in time with its token is not shed.
+  std::shared_ptr<retry_book> book_;
+  bool holds_reservation(const arrival& a) const;
   engine_load load_;
   int64_t late_refusals_ = 0;
   int64_t now_ns_ = 0;  // of the latest arrival

@@ -18,8 +18,8 @@ namespace tireless {
 class admission_gate {
  public:
   admission_gate(admission_policy kind, const admission_settings& settings, std::vector<tier_settings> tiers,
-                 std::vector<tenant_settings> tenants)
-      : control_(kind, settings, std::move(tiers), std::move(tenants)) {}
+                 std::vector<tenant_settings> tenants, std::shared_ptr<retry_book> book = nullptr)
+      : control_(kind, settings, std::move(tiers), std::move(tenants), std::move(book)) {}
 
   // For the admission actor, which waits for the lock: hold it while using control().
   std::unique_lock<std::mutex> lock() { return std::unique_lock(mu_); }

@@ -26,11 +26,17 @@ engine_core::engine_core(engine_options o) : o_(std::move(o)), core_(o_.limits) 
   step_model_.seed({p.c0, p.per_prefill_token, p.per_decode_seq, p.per_thousand_context}, 8);
 }
 
-void engine_core::add(sequence_spec spec, std::vector<std::string> degradations) {
+void engine_core::add(sequence_spec spec, std::vector<std::string> degradations, std::string tenant) {
   ++received_by_priority_[spec.priority];
   const seq_id id = spec.id;
-  requests_[id] = request_info{std::move(degradations), static_cast<int64_t>(spec.arrival),
-                               spec.ttft_target_ns / 1'000'000, -1, -1};
+  request_info info;
+  info.degradations = std::move(degradations);
+  info.tenant = std::move(tenant);
+  info.priority = spec.priority;
+  info.prompt_tokens = static_cast<int32_t>(spec.prompt.size());
+  info.arrival_ns = static_cast<int64_t>(spec.arrival);
+  info.ttft_target_ms = spec.ttft_target_ns / 1'000'000;
+  requests_[id] = std::move(info);
   core_.add(std::move(spec));
   changed_ = true;
   if (!backend_problem_.empty()) fail(id, backend_problem_);
@@ -81,13 +87,17 @@ void engine_core::refuse_late(int64_t now) {
     if (it == requests_.end()) continue;
     const int64_t waited_ms = (now - it->second.arrival_ns) / 1'000'000;
     const int64_t retry_ms = std::max<int64_t>(100, waited_ms - it->second.ttft_target_ms);
-    end(id,
-        rejected_outcome(id, reason::overloaded,
-                         fmt::format("admitted, but it waited {} ms for the engine and cannot start within its tier's "
-                                     "bound (start_within_ms): refused before any work was spent on it; retry in {} ms",
-                                     waited_ms, retry_ms),
-                         retry_ms),
-        0);
+    outcome o = rejected_outcome(id, reason::overloaded,
+                                 fmt::format("admitted, but it waited {} ms for the engine and cannot start within its "
+                                             "tier's bound (start_within_ms): refused before any work was spent on it; "
+                                             "retry in {} ms",
+                                             waited_ms, retry_ms),
+                                 retry_ms);
+    if (o_.retry_reservations) {  // its return is reserved, as admission's refusals reserve theirs
+      o.retry_token = o_.retry_reservations->reserve(it->second.tenant, it->second.priority, it->second.prompt_tokens, now,
+                                             retry_ms * 1'000'000);
+    }
+    end(id, std::move(o), 0);
     ++late_refusals_;
   }
 }

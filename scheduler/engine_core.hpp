@@ -10,6 +10,7 @@
 //   credits()                            → admission
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -18,6 +19,7 @@
 
 #include "scheduler/batch_scheduler.hpp"
 #include "scheduler/engine_credits.hpp"
+#include "scheduler/retry_book.hpp"
 #include "scheduler/step_time_model.hpp"
 #include "tireless/outcome.hpp"
 
@@ -32,6 +34,8 @@ struct engine_options {
   // A step should take at most this long (the tightest tier's time per output token), so
   // prefill chunks are sized to fit beside the decodes; 0: only max_step_tokens limits them.
   double step_time_target_seconds = 0;
+  // Where a late refusal reserves its client's return (a retry token); null: no token.
+  std::shared_ptr<retry_book> retry_reservations;
   // Upper bounds of the step-time histogram (engine_stats::step_time_counts), ascending.
   std::vector<double> step_time_buckets_seconds{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5};
 };
@@ -74,7 +78,8 @@ class engine_core {
 
   // A request admission released; `degradations` go on its outcome. Fails at once when the
   // backend is lost.
-  void add(sequence_spec spec, std::vector<std::string> degradations);
+  // tenant: whose it is (a late refusal's retry reservation is for that tenant).
+  void add(sequence_spec spec, std::vector<std::string> degradations, std::string tenant = {});
   // The session ended it: nothing more is delivered for it. Its used tokens, for admission;
   // nothing when the engine did not hold it.
   std::optional<int32_t> cancel(seq_id id);
@@ -111,6 +116,8 @@ class engine_core {
  private:
   struct request_info {
     std::vector<std::string> degradations;
+    std::string tenant;
+    int32_t priority = 0, prompt_tokens = 0;
     int64_t arrival_ns = 0;
     int64_t ttft_target_ms = 0;
     int64_t scheduled_ns = -1;

@@ -3,18 +3,18 @@
 // reads (segment table, then segments), each a system call on a bare socket; with a buffer,
 // one read fetches whatever the client has sent (many small requests at once under load).
 
-#include <kj/async-io.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
+#include "server/forwarding_stream.hpp"
+
 namespace tireless {
 
-class read_buffered_stream final : public kj::AsyncIoStream {
+class read_buffered_stream final : public forwarding_stream {
  public:
   explicit read_buffered_stream(kj::Own<kj::AsyncIoStream> inner, size_t buffer_bytes = 64 * 1024)
-      : inner_(kj::mv(inner)), buffer_(kj::heapArray<kj::byte>(buffer_bytes)) {}
+      : forwarding_stream(kj::mv(inner)), buffer_(kj::heapArray<kj::byte>(buffer_bytes)) {}
 
   // Bytes received from the peer so far.
   uint64_t bytes_read() const { return received_; }
@@ -43,16 +43,8 @@ class read_buffered_stream final : public kj::AsyncIoStream {
           return have + take;
         });
   }
-  kj::Promise<void> write(const void* buffer, size_t size) override { return inner_->write(buffer, size); }
-  kj::Promise<void> write(kj::ArrayPtr<const kj::ArrayPtr<const kj::byte>> pieces) override {
-    return inner_->write(pieces);
-  }
-  kj::Promise<void> whenWriteDisconnected() override { return inner_->whenWriteDisconnected(); }
-  void shutdownWrite() override { inner_->shutdownWrite(); }
-  void abortRead() override { inner_->abortRead(); }
 
  private:
-  kj::Own<kj::AsyncIoStream> inner_;
   kj::Array<kj::byte> buffer_;
   size_t begin_ = 0, end_ = 0;
   uint64_t received_ = 0;

@@ -11,16 +11,17 @@
 // end of a request's body and the end of its response), and its promise is dropped before the
 // server reads again. At most `max_ahead` bytes are read ahead; past that it stops watching.
 
-#include <kj/async-io.h>
-
+#include <algorithm>
 #include <cstring>
 #include <string>
 
+#include "server/forwarding_stream.hpp"
+
 namespace tireless {
 
-class watched_stream final : public kj::AsyncIoStream {
+class watched_stream final : public forwarding_stream {
  public:
-  explicit watched_stream(kj::Own<kj::AsyncIoStream> inner) : inner_(kj::mv(inner)) {}
+  explicit watched_stream(kj::Own<kj::AsyncIoStream> inner) : forwarding_stream(kj::mv(inner)) {}
 
   kj::Promise<void> closed() {
     if (eof_) return kj::READY_NOW;
@@ -53,25 +54,9 @@ class watched_stream final : public kj::AsyncIoStream {
     if (eof_) return size_t{0};
     return inner_->tryRead(buffer, min_bytes, max_bytes);
   }
-  kj::Promise<void> write(const void* buffer, size_t size) override { return inner_->write(buffer, size); }
-  kj::Promise<void> write(kj::ArrayPtr<const kj::ArrayPtr<const kj::byte>> pieces) override {
-    return inner_->write(pieces);
-  }
-  kj::Promise<void> whenWriteDisconnected() override { return inner_->whenWriteDisconnected(); }
-  void shutdownWrite() override { inner_->shutdownWrite(); }
-  void abortRead() override { inner_->abortRead(); }
-  void getsockopt(int level, int option, void* value, uint* length) override {
-    inner_->getsockopt(level, option, value, length);
-  }
-  void setsockopt(int level, int option, const void* value, uint length) override {
-    inner_->setsockopt(level, option, value, length);
-  }
-  void getsockname(struct sockaddr* addr, uint* length) override { inner_->getsockname(addr, length); }
-  void getpeername(struct sockaddr* addr, uint* length) override { inner_->getpeername(addr, length); }
 
  private:
   static constexpr size_t max_ahead = 64 * 1024;
-  kj::Own<kj::AsyncIoStream> inner_;
   kj::byte buffer_[4096];
   std::string ahead_;
   bool eof_ = false;

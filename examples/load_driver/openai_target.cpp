@@ -14,13 +14,13 @@
 #include <unordered_map>
 
 #include "target.hpp"
+#include "wall_clock_session.hpp"
 #include "workload.hpp"
 
 namespace tireless::load {
 
 namespace {
 
-using clock_type = std::chrono::steady_clock;
 using json = nlohmann::json;
 
 // An HTTP error's outcome (the shape of server/openai_api.cpp's errors; other servers' bodies
@@ -45,10 +45,10 @@ outcome refusal_of(unsigned status, const std::string& body, const kj::HttpHeade
   return rejected_outcome(0, code, fmt::format("HTTP {}: {}", status, message), retry);
 }
 
-class openai_session final : public target_session, public kj::TaskSet::ErrorHandler {
+class openai_session final : public wall_clock_session, public kj::TaskSet::ErrorHandler {
  public:
   openai_session(kj::AsyncIoContext& io, const scenario& s)
-      : io_(io), s_(s), start_(clock_type::now()), http_(std::make_unique<http>(io, *this)) {
+      : wall_clock_session(io), s_(s), http_(std::make_unique<http>(io, *this)) {
     url_ = s_.base_url;
     while (!url_.empty() && url_.back() == '/') url_.pop_back();
   }
@@ -56,17 +56,6 @@ class openai_session final : public target_session, public kj::TaskSet::ErrorHan
   ~openai_session() override {
     http_.reset();
     io_.waitScope.poll();
-  }
-
-  double now() override { return std::chrono::duration<double>(clock_type::now() - start_).count(); }
-
-  void advance_to(double t) override {
-    const double dt = t - now();
-    if (dt <= 0) {
-      io_.waitScope.poll();
-      return;
-    }
-    io_.provider->getTimer().afterDelay(static_cast<int64_t>(dt * 1e9) * kj::NANOSECONDS).wait(io_.waitScope);
   }
 
   void submit(const planned_request& r, outcome_fn done) override {
@@ -216,9 +205,7 @@ class openai_session final : public target_session, public kj::TaskSet::ErrorHan
     kj::TaskSet tasks;  // destroyed first: the requests in flight, before their client
   };
 
-  kj::AsyncIoContext& io_;
   const scenario& s_;
-  clock_type::time_point start_;
   std::unique_ptr<http> http_;
   std::string url_;
 };

@@ -21,6 +21,7 @@
 #include "protocol/outcome_wire.hpp"
 #include "protocol/tireless.capnp.h"
 #include "target.hpp"
+#include "wall_clock_session.hpp"
 
 namespace tireless::load {
 
@@ -159,11 +160,11 @@ std::filesystem::path write_config_copy(const scenario& s, admission_policy poli
   return file;
 }
 
-class server_session final : public target_session, public kj::TaskSet::ErrorHandler {
+class server_session final : public wall_clock_session, public kj::TaskSet::ErrorHandler {
  public:
   server_session(kj::AsyncIoContext& io, std::unique_ptr<server_process> server, const std::string& address,
                  std::filesystem::path log = {})
-      : io_(io), server_(std::move(server)), start_(clock_type::now()), log_(std::move(log)) {
+      : wall_clock_session(io), server_(std::move(server)), log_(std::move(log)) {
     const auto [host, port] = split_host_port(address);
     conn_ = std::make_unique<connection>(io, host, port, *this);
   }
@@ -171,17 +172,6 @@ class server_session final : public target_session, public kj::TaskSet::ErrorHan
     conn_.reset();  // drops every Generation (cancelling what is left) and disconnects
     io_.waitScope.poll();
     server_.reset();
-  }
-
-  double now() override { return std::chrono::duration<double>(clock_type::now() - start_).count(); }
-
-  void advance_to(double t) override {
-    const double dt = t - now();
-    if (dt <= 0) {
-      io_.waitScope.poll();
-      return;
-    }
-    io_.provider->getTimer().afterDelay(static_cast<int64_t>(dt * 1e9) * kj::NANOSECONDS).wait(io_.waitScope);
   }
 
   void submit(const planned_request& r, outcome_fn done) override {
@@ -251,9 +241,7 @@ class server_session final : public target_session, public kj::TaskSet::ErrorHan
     }
   }
 
-  kj::AsyncIoContext& io_;
   std::unique_ptr<server_process> server_;
-  clock_type::time_point start_;
   std::unique_ptr<connection> conn_;
   std::string broken_;
   std::filesystem::path log_;

@@ -19,23 +19,12 @@
 #include <variant>
 
 #include "actors/request_checks.hpp"
+#include "fuzz_limits.hpp"
 #include "server/openai_api.hpp"
 
 namespace {
 
 using namespace tireless;
-
-decode_limits fuzz_limits() {
-  decode_limits l;
-  l.model_name = "smollm2";
-  l.default_timeout = std::chrono::milliseconds(300'000);
-  l.stream_window = 64;
-  l.max_stop_sequences = 4;
-  l.max_stop_bytes = 16;
-  l.max_prompt_bytes = 512;
-  l.max_prompt_tokens = 64;
-  return l;
-}
 
 const decode_limits limits = fuzz_limits();
 

@@ -17,23 +17,12 @@
 
 #include "protocol/tireless.capnp.h"
 #include "actors/request_checks.hpp"
+#include "fuzz_limits.hpp"
 #include "server/request_decoder.hpp"
 
 namespace {
 
 using namespace tireless;
-
-decode_limits fuzz_limits() {
-  decode_limits l;
-  l.model_name = "smollm2";
-  l.default_timeout = std::chrono::milliseconds(300'000);
-  l.stream_window = 64;
-  l.max_stop_sequences = 4;
-  l.max_stop_bytes = 16;
-  l.max_prompt_bytes = 512;
-  l.max_prompt_tokens = 64;
-  return l;
-}
 
 // The wire's text as the decoded request should hold it (NUL bytes are refused, so a text
 // that decodes holds every byte).

@@ -22,6 +22,8 @@ class RetryLogEntry:
     endpoint: str
     kind: str
     reason: str
+    message: str = ""
+    had_token: bool = False  # the refusal it followed gave a retry token, and it was sent back
 
     @property
     def waited_as_told(self):
@@ -125,7 +127,8 @@ class Client:
                 result = Result(kind="failed", reason="unreachable", message=str(e), endpoint=endpoint)
             if attempt > 0:
                 self.retry_log.append(RetryLogEntry(told_ms if told_ms is not None else -1, waited, endpoint,
-                                                    result.kind, result.reason))
+                                                    result.kind, result.reason, result.message,
+                                                    bool(token) and endpoint == token_endpoint))
             last = result
             if result.ok:
                 self.breakers[endpoint].success()
