@@ -29,7 +29,7 @@ class engine_loop {
     s.sampling = sampling;
     s.ttft_target_ns = ttft_ms * 1'000'000;
     if (start_within_ms > 0) s.start_by = now_ + start_within_ms * 1'000'000;
-    core_.add(std::move(s), std::move(degradations));
+    core_.add(std::move(s), std::move(degradations), "t" + std::to_string(id));
     collect();
   }
 
@@ -235,6 +235,24 @@ TEST(engine_core, a_request_past_its_start_bound_is_refused_before_any_prefill_w
   EXPECT_EQ(e.tokens(1), 0);
   EXPECT_EQ(e.used(1), 0);
   EXPECT_EQ(e.core().stats().late_refusals, 1);
+  EXPECT_EQ(o.retry_token, 0u) << "no book of reservations: no token";
+}
+
+TEST(engine_core, a_late_refusal_reserves_its_clients_return_in_the_shared_book) {
+  engine_options opts = small_engine();
+  opts.retry_reservations = std::make_shared<retry_book>();
+  engine_loop e(opts);
+  e.add(1, 10, 5, /*ttft_ms=*/100, /*start_within_ms=*/200);
+  e.wait(500);
+  EXPECT_FALSE(e.step());
+  const outcome& o = e.outcomes().at(1);
+  ASSERT_NE(o.retry_token, 0u);
+  // The tenant, back at its time (400 ms after the refusal), holds it once; not before.
+  const int64_t refused_at = 1'000'000'000 + 500'000'000;
+  EXPECT_FALSE(opts.retry_reservations->held(o.retry_token, "t1", refused_at + 100'000'000));
+  EXPECT_FALSE(opts.retry_reservations->held(o.retry_token, "someone-else", refused_at + 400'000'000));
+  EXPECT_TRUE(opts.retry_reservations->take(o.retry_token, "t1", refused_at + 400'000'000));
+  EXPECT_FALSE(opts.retry_reservations->take(o.retry_token, "t1", refused_at + 400'000'000));
 }
 
 TEST(engine_core, a_request_the_pool_can_never_hold_fails_with_what_to_do_instead_of_waiting_forever) {
