@@ -142,7 +142,17 @@ void on_tokens(self_ptr self, const tokens_msg& msg) {
 void on_outcome(self_ptr self, const outcome_msg& msg) {
   auto& st = self->state;
   const outcome from = from_wire(msg.get());
-  if (from.kind == outcome_kind::completed && st.stopper) st.text += st.stopper->finish();
+  if (from.kind == outcome_kind::completed && st.stopper) {
+    // Text held back (a possible stop string, an unfinished character) goes to the stream too,
+    // so a streamed answer ends as the whole one does.
+    token_event tail;
+    tail.request_id = st.o.reporter->id();
+    tail.text = st.stopper->finish();
+    if (!tail.text.empty()) {
+      st.text += tail.text;
+      st.o.reporter->tokens(tail);
+    }
+  }
   outcome o = base_outcome(self, from.kind, from.reason, from.message);
   o.retry_after_ms = from.retry_after_ms;
   o.retry_token = from.retry_token;

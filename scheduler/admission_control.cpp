@@ -327,7 +327,9 @@ admission_decision admission_control::decide(const arrival& a, bool promise) {
     }
     if (auto q = check_quotas(*tenant, a, d.max_tokens)) return *q;
   }
-  if (kind_ != admission_policy::fcfs && tier.queued >= ts.queue_bound) {
+  // A client back with its token was promised room: the bound (against a flood) does not turn
+  // it away again.
+  if (kind_ != admission_policy::fcfs && tier.queued >= ts.queue_bound && !holds_reservation(a)) {
     uint64_t token = 0;
     const int64_t hint = retry_hint_ms(ts, a, 0.0, promise, kind_ == admission_policy::tireless ? &token : nullptr);
     admission_decision r =

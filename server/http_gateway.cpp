@@ -59,7 +59,7 @@ struct http_gateway::generation {
   }
   // Resolves once there are tokens or an outcome to hand on.
   kj::Promise<void> news() {
-    if (pending_tokens > 0 || final) return kj::READY_NOW;
+    if (pending_tokens > 0 || !pending_text.empty() || final) return kj::READY_NOW;
     auto pf = kj::newPromiseAndFulfiller<void>();
     waiting = kj::mv(pf.fulfiller);
     return kj::mv(pf.promise);
@@ -139,6 +139,7 @@ class http_gateway::connection_service final : public kj::HttpService {
 http_gateway::http_gateway(runtime& rt, kj_bridge& bridge, kj::Timer& timer, service_info info, decode_limits limits)
     : rt_(rt),
       bridge_(bridge),
+      timer_(timer),
       info_(std::move(info)),
       limits_(std::move(limits)),
       // JSON escapes may take several bytes per byte of text: the body may be larger than the
@@ -161,14 +162,20 @@ http_gateway::http_gateway(runtime& rt, kj_bridge& bridge, kj::Timer& timer, ser
 http_gateway::~http_gateway() = default;
 
 kj::Promise<void> http_gateway::listen(kj::ConnectionReceiver& port) {
-  return port.accept().then([this, &port](kj::Own<kj::AsyncIoStream> connection) {
+  return port.accept().then(
+      [this, &port](kj::Own<kj::AsyncIoStream> connection) {
     // A fixed, small send buffer (no autotuning to megabytes): a reader that stops reading
     // stops its stream within the window plus these bytes, and costs the kernel no more.
     int bytes = static_cast<int>(socket_send_buffer_bytes);
     connection->setsockopt(SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
     connections_.add(server_->listenHttp(kj::heap<watched_stream>(kj::mv(connection))));
     return listen(port);
-  });
+  },
+      [this, &port](kj::Exception&& e) -> kj::Promise<void> {
+        // Out of file descriptors, a connection reset before it was accepted: keep listening.
+        spdlog::warn("http accept failed ({}); retrying", e.getDescription().cStr());
+        return timer_.afterDelay(100 * kj::MILLISECONDS).then([this, &port] { return listen(port); });
+      });
 }
 
 void http_gateway::add_page(std::string path, page p) { pages_.emplace_back(std::move(path), std::move(p)); }
@@ -176,13 +183,17 @@ void http_gateway::add_page(std::string path, page p) { pages_.emplace_back(std:
 kj::Promise<void> http_gateway::respond_json(kj::HttpService::Response& response, unsigned status, std::string body,
                                              const api_error* error, const outcome* done) {
   kj::HttpHeaders headers(*table_);
-  headers.set(kj::HttpHeaderId::CONTENT_TYPE, "application/json");
+  headers.set(kj::HttpHeaderId::CONTENT_TYPE, "application/json; charset=utf-8");
   if (error && error->retry_after_ms >= 0) {
     headers.set(ids_->retry_after, kj::str((error->retry_after_ms + 999) / 1000));
     headers.set(ids_->retry_after_ms, kj::str(error->retry_after_ms));
   }
   if (error && error->retry_token != 0) headers.set(ids_->retry_token, kj::str(error->retry_token));
-  if (error && error->status < 500 && error->status != 429) headers.set(ids_->should_retry, "false");
+  // Retrying cannot help a request that is wrong, or a 429 without a time to come back (a quota
+  // it can never fit): the openai package reads this header before its own rules.
+  if (error && error->status < 500 && (error->status != 429 || error->retry_after_ms < 0)) {
+    headers.set(ids_->should_retry, "false");
+  }
   if (done) {
     headers.set(ids_->request_id, kj::str(done->request_id));
     if (!done->degradations.empty()) headers.set(ids_->degradations, kj::str(degradations_header(done->degradations).c_str()));
@@ -292,7 +303,7 @@ kj::Promise<void> http_gateway::generate(int endpoint, std::string body, std::st
           if (!g || g->final) return;
           g->pending_text += e.text;
           g->pending_tokens += static_cast<int32_t>(e.tokens.size());
-          g->notify();
+          if (!e.tokens.empty() || !e.text.empty()) g->notify();
         });
       },
       [this, weak, api_key](const outcome& o) {
@@ -343,7 +354,7 @@ kj::Promise<void> http_gateway::stream(std::shared_ptr<generation> g, kj::HttpSe
           return respond_json(response, static_cast<unsigned>(e.status), error_body(e), &e, &*g->final);
         }
         kj::HttpHeaders h(*table_);
-        h.set(kj::HttpHeaderId::CONTENT_TYPE, "text/event-stream");
+        h.set(kj::HttpHeaderId::CONTENT_TYPE, "text/event-stream; charset=utf-8");
         h.set(ids_->cache_control, "no-cache");
         h.set(ids_->request_id, kj::str(g->id));
         st->out = response.send(200, "OK", h);
@@ -351,7 +362,7 @@ kj::Promise<void> http_gateway::stream(std::shared_ptr<generation> g, kj::HttpSe
       }
       int32_t taken = 0;
       bool last = false;
-      if (g->pending_tokens > 0) {
+      if (g->pending_tokens > 0 || !g->pending_text.empty()) {
         if (!g->pending_text.empty()) st->buffer += sse(text_chunk(g->rid, g->pending_text));
         taken = g->pending_tokens;
         g->pending_text.clear();
@@ -367,7 +378,10 @@ kj::Promise<void> http_gateway::stream(std::shared_ptr<generation> g, kj::HttpSe
         st->buffer += "data: [DONE]\n\n";
         last = true;
       }
-      if (st->buffer.empty()) return (*step_weak.lock())();
+      if (st->buffer.empty()) {  // tokens without text yet (half a character, a possible stop string)
+        if (taken > 0 && !g->final) rt_.acknowledge(g->id, taken);  // or the window would close for good
+        return (*step_weak.lock())();
+      }
       auto written = st->out->write(st->buffer.data(), st->buffer.size());
       return written.then([this, g, st, step_weak, taken, last]() -> kj::Promise<void> {
         st->buffer.clear();

@@ -59,6 +59,7 @@ class http_gateway {
 
   runtime& rt_;
   kj_bridge& bridge_;
+  kj::Timer& timer_;
   service_info info_;
   decode_limits limits_;
   size_t max_body_bytes_;

@@ -71,7 +71,7 @@ void client_gone(const state_ptr& s, runtime& rt) {
 void pump(state_ptr s, runtime& rt, kj::TaskSet& tasks) {
   if (s->sending || s->broken) return;
   KJ_IF_MAYBE (sink, s->sink) {
-    if (!s->pending_ids.empty()) {
+    if (!s->pending_ids.empty() || !s->pending_text.empty()) {
       s->sending = true;
       auto req = sink->tokensRequest();
       auto chunk = req.initChunk();

@@ -175,6 +175,31 @@ def test_stream_equals_whole(ctx):
     check("".join(parts) == greedy, f"completion stream {''.join(parts)!r} != {greedy!r}")
 
 
+def test_streams_of_multibyte_text_and_held_back_stop_strings_end_as_the_whole_answer(ctx):
+    """Tokens that carry half a character, and text held back because it may begin a stop
+    string, still reach a stream (and release its window): streamed text equals the whole."""
+    prompt = "日本語の文章を書きます。東京は"  # the model continues with multi-byte text
+    params = dict(model=MODEL, prompt=prompt, max_tokens=80, temperature=0, stop=["。。。。"])
+    c = ctx.client()
+    whole = c.completions.create(**params).choices[0].text
+    check(any(ord(ch) > 127 for ch in whole), f"the answer has no multi-byte text: {whole!r}")
+    streamed = "".join(ch.choices[0].text for ch in c.completions.create(stream=True, **params) if ch.choices)
+    check(streamed == whole, f"openai stream {streamed!r} != whole {whole!r}")
+    for client in (tc.Client(ctx.url, api_key=PREMIUM), tc.Client(f"capnp://{ctx.server.host}:{ctx.server.port}",
+                                                                   api_key=PREMIUM)):
+        pieces = []
+        r = client.complete(prompt, on_text=pieces.append, max_tokens=80, temperature=0, stop=["。。。。"])
+        check("".join(pieces) == r.text == whole, f"{client.endpoints[0]}: streamed {''.join(pieces)!r}, "
+                                                   f"result {r.text!r}, whole {whole!r}")
+    # Far past the stream window (8 tokens in the test config) of tokens that may carry no text.
+    # Far past the stream window (8 tokens in the test config): each "。" is held back (it may
+    # begin the stop string), a token without text.
+    long = c.with_options(timeout=h.slack(60)).completions.create(model=MODEL, prompt=prompt, max_tokens=300,
+                                                                 temperature=0, stream=True, stop=["。。。。"])
+    finish = [ch.choices[0].finish_reason for ch in long if ch.choices and ch.choices[0].finish_reason]
+    check(finish and finish[-1] in ("length", "stop"), f"a long multi-byte stream did not finish: {finish}")
+
+
 def test_penalties_and_min_p_reach_the_sampler(ctx):
     """Greedy text that repeats itself repeats less under each penalty (deterministic: greedy)."""
     c = ctx.client()
@@ -820,6 +845,7 @@ TESTS = [
     test_completions_greedy_and_seeded,
     test_stream_equals_whole,
     test_penalties_and_min_p_reach_the_sampler,
+    test_streams_of_multibyte_text_and_held_back_stop_strings_end_as_the_whole_answer,
     test_async_client,
     test_errors_are_the_openai_exceptions,
     test_bad_input_battery,

@@ -1,4 +1,5 @@
 """One client over either transport, with honest retries, a total deadline and failover."""
+import asyncio
 import random
 import time
 from dataclasses import dataclass
@@ -119,7 +120,8 @@ class Client:
                 result = self.transports[endpoint].generate(
                     self.api_key, request, forward if on_text else None, timeout,
                     retry_token=token if endpoint == token_endpoint else "")
-            except (requests.exceptions.RequestException, OSError, TimeoutError, ConnectionError) as e:
+            except (requests.exceptions.RequestException, OSError, TimeoutError, asyncio.TimeoutError,
+                    ConnectionError) as e:
                 result = Result(kind="failed", reason="unreachable", message=str(e), endpoint=endpoint)
             except Exception as e:  # the RPC transport's disconnects (kj exceptions)
                 if type(e).__name__ not in ("KjException",):

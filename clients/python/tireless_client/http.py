@@ -76,6 +76,7 @@ class HttpTransport:
             text = choice["message"]["content"] if chat else choice["text"]
             return _completed(data, text or "", self.base_url)
         pieces, final, usage = [], None, None
+        r.encoding = "utf-8"  # SSE is UTF-8 whatever the header says (requests would guess Latin-1)
         for line in r.iter_lines(decode_unicode=True):
             if not line or not line.startswith("data: "):
                 continue
