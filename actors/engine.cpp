@@ -33,7 +33,7 @@ void deliver(self_ptr self) {
     auto it = st.sessions.find(d.seq);
     if (it == st.sessions.end()) continue;
     if (!d.ended) {
-      self->send(it->second, to_wire(d.seq, d.tokens, d.first_token_ns));
+      self->send(it->second, to_wire(d.seq, d.tokens, d.first_token_ns, d.logprobs));
       continue;
     }
     outcome_msg m(64);

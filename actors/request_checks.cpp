@@ -65,6 +65,7 @@ sampling_params sampling_params_of(const sampling_options& s) {
   p.presence_penalty = s.presence_penalty;
   p.frequency_penalty = s.frequency_penalty;
   p.repetition_penalty = s.repetition_penalty;
+  p.logprobs = s.logprobs;
   return p;
 }
 
@@ -87,6 +88,9 @@ std::optional<request_problem> check_request(const request& r, const model* lm, 
     return invalid("frequency_penalty must be in [-2, 2]");
   if (!(r.sampling.repetition_penalty > 0.0f && r.sampling.repetition_penalty <= 10.0f))
     return invalid("repetition_penalty must be in (0, 10]; 1 is off");
+  if (r.sampling.logprobs < -1 || r.sampling.logprobs > max_top_logprobs)
+    return invalid(fmt::format("logprobs must be -1 (none) or the number of most likely tokens to list, 0 to {}",
+                               max_top_logprobs));
   if (!lm && !r.stop.empty()) return invalid("stop sequences need a tokenizer; this backend has none");
   const int32_t limit = prompt_token_limit(lim);
   if (prompt_tokens > limit) {

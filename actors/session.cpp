@@ -25,6 +25,7 @@ struct session_state {
   std::vector<token_id> stop_tokens;
   std::string text;
   std::vector<int32_t> tokens;
+  std::vector<token_logprob> logprobs;
   int64_t start_ns = 0;
   int64_t first_token_ns = -1;
   int64_t last_token_ns = -1, longest_pause_ns = 0;  // between two token messages
@@ -41,6 +42,7 @@ outcome base_outcome(self_ptr self, outcome_kind kind, std::string reason, std::
   o.message = std::move(message);
   o.text = self->state.text;
   o.tokens = self->state.tokens;
+  o.logprobs = self->state.logprobs;
   o.prompt_tokens = self->state.prompt_tokens;
   o.completion_tokens = static_cast<int32_t>(self->state.tokens.size());
   o.total_ms = (now_ns(self) - self->state.start_ns) / 1e6;
@@ -126,6 +128,8 @@ void on_tokens(self_ptr self, const tokens_msg& msg) {
     e.text += piece.text;
     if (piece.stopped && !stop_token) stop_string = true;
   }
+  for (auto l : r.getLogprobs()) e.logprobs.push_back(from_wire(l));
+  st.logprobs.insert(st.logprobs.end(), e.logprobs.begin(), e.logprobs.end());
   st.text += e.text;
   st.o.reporter->tokens(e);
   if (stop_string) {

@@ -7,6 +7,8 @@
 
 #include <capnp/any.h>
 
+#include "protocol/outcome_wire.hpp"
+
 namespace tireless {
 
 proto::Rejection::Reason to_wire(refusal r) {
@@ -86,12 +88,17 @@ engine_credits from_wire(proto::Credits::Reader r) {
   return c;
 }
 
-owned<proto::TokenChunk> to_wire(seq_id seq, const std::vector<token_id>& tokens, int64_t first_token_ns) {
+owned<proto::TokenChunk> to_wire(seq_id seq, const std::vector<token_id>& tokens, int64_t first_token_ns,
+                                 const std::vector<token_logprob>& logprobs) {
   owned<proto::TokenChunk> m(8);  // words: one chunk of a decode step fits
   auto b = m.init();
   b.setRequestId(seq);
   fill(b.initTokens(static_cast<unsigned>(tokens.size())), tokens);
   if (first_token_ns >= 0) b.setFirstTokenNs(first_token_ns);
+  if (!logprobs.empty()) {
+    auto l = b.initLogprobs(static_cast<unsigned>(logprobs.size()));
+    for (unsigned i = 0; i < logprobs.size(); ++i) to_wire(logprobs[i], l[i]);
+  }
   return m;
 }
 
@@ -205,6 +212,7 @@ void set_sampling(proto::Sampling::Builder b, const sampling_params& p) {
   b.setPresencePenalty(p.presence_penalty);
   b.setFrequencyPenalty(p.frequency_penalty);
   b.setRepetitionPenalty(p.repetition_penalty);
+  b.setLogprobs(p.logprobs);
 }
 
 sampling_params sampling_of(proto::Sampling::Reader r) {
@@ -217,6 +225,7 @@ sampling_params sampling_of(proto::Sampling::Reader r) {
   p.presence_penalty = r.getPresencePenalty();
   p.frequency_penalty = r.getFrequencyPenalty();
   p.repetition_penalty = r.getRepetitionPenalty();
+  p.logprobs = r.getLogprobs();
   return p;
 }
 
@@ -325,6 +334,10 @@ owned<proto::StepReply> to_wire(uint64_t step_id, const step_result& r, double s
   b.setStepId(step_id);
   fill(b.initNext(static_cast<unsigned>(r.next.size())), r.next);
   b.setSeconds(seconds);
+  if (!r.logprobs.empty()) {
+    auto l = b.initLogprobs(static_cast<unsigned>(r.logprobs.size()));
+    for (unsigned i = 0; i < r.logprobs.size(); ++i) to_wire(r.logprobs[i], l[i]);
+  }
   if (!r.logits.empty()) {
     auto d = b.initLogits(static_cast<unsigned>(r.logits.size() * sizeof(float)));
     std::memcpy(d.begin(), r.logits.data(), d.size());
@@ -334,6 +347,8 @@ owned<proto::StepReply> to_wire(uint64_t step_id, const step_result& r, double s
 
 void unpack(proto::StepReply::Reader r, step_result& out) {
   out.next = to_vector<token_id>(r.getNext());
+  out.logprobs.clear();
+  for (auto l : r.getLogprobs()) out.logprobs.push_back(from_wire(l));
   const auto d = r.getLogits();
   out.logits.resize(d.size() / sizeof(float));
   if (!d.size()) return;

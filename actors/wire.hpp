@@ -28,7 +28,8 @@ proto::Rejection::Reason to_wire(refusal r);
 owned<proto::Credits> to_wire(const engine_credits& c);
 engine_credits from_wire(proto::Credits::Reader r);
 
-owned<proto::TokenChunk> to_wire(seq_id seq, const std::vector<token_id>& tokens, int64_t first_token_ns);
+owned<proto::TokenChunk> to_wire(seq_id seq, const std::vector<token_id>& tokens, int64_t first_token_ns,
+                                 const std::vector<token_logprob>& logprobs = {});
 // A released request as the engine's batch scheduler takes it, and its degradations.
 std::pair<sequence_spec, std::vector<std::string>> sequence_of(proto::GenerateRequest::Reader r);
 

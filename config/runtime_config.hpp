@@ -57,7 +57,7 @@ struct server_settings {
   std::string metrics_listen;  // Prometheus /metrics, "host:port"; "" = off
   tireless::log_level log_level = tireless::log_level::info;
   std::chrono::milliseconds shutdown_grace{10'000};  // running requests get this long to finish
-  int32_t max_connections = 256;                     // client connections, all protocols together
+  int32_t max_connections = 256;                     // client connections per listener (RPC, HTTP)
   int32_t max_connections_per_peer = 64;             // from one address (unix sockets: not limited)
   // A connection with no call for this long and no request of its own running is closed; when
   // the server is full, the longest-idle connection makes room for a new one.

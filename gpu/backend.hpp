@@ -29,7 +29,7 @@ struct sequence_step {
   // For the sampler's penalties (sampling.penalized() only; empty otherwise): the tokens at
   // positions [0, start_pos + tokens.size()), the prompt's first prompt_len of them. Between
   // actors, the receiver already has history[0, history_from) from earlier steps.
-  std::span<const token_id> history;
+  std::span<const token_id> history{};
   int32_t prompt_len = 0;
   int32_t history_from = 0;
 };
@@ -46,6 +46,9 @@ struct step_batch {
 struct step_result {
   std::vector<token_id> next;   // per sequence: the sampled token, or -1
   std::vector<float> logits;    // [sequences with want_logits][n_vocab], in batch order
+  // Empty when no sequence asked (sampling.logprobs < 0 for all); else one per sequence,
+  // filled for those that sampled and asked.
+  std::vector<token_logprob> logprobs;
 };
 
 struct kv_geometry {

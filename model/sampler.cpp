@@ -117,4 +117,26 @@ token_id sample(std::span<const float> logits, const sampling_params& p, uint64_
   return c[keep - 1].second;
 }
 
+token_logprob logprob_of(std::span<const float> logits, token_id chosen, int32_t top, sampler_scratch& scratch) {
+  assert(!logits.empty() && chosen >= 0 && static_cast<size_t>(chosen) < logits.size());
+  const float max_logit = logits[argmax(logits)];
+  double total = 0.0;
+  for (float v : logits) total += std::exp(static_cast<double>(v - max_logit));
+  const double log_total = static_cast<double>(max_logit) + std::log(total);
+  token_logprob out;
+  out.token = chosen;
+  out.logprob = static_cast<float>(logits[chosen] - log_total);
+  const size_t n = std::min(static_cast<size_t>(std::max(top, 0)), logits.size());
+  if (n == 0) return out;
+  auto& c = scratch.top;
+  c.clear();
+  for (size_t i = 0; i < logits.size(); ++i) c.emplace_back(logits[i], static_cast<token_id>(i));
+  std::partial_sort(c.begin(), c.begin() + static_cast<ptrdiff_t>(n), c.end(), [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  });
+  out.top.reserve(n);
+  for (size_t i = 0; i < n; ++i) out.top.emplace_back(c[i].second, static_cast<float>(c[i].first - log_total));
+  return out;
+}
+
 }  // namespace tireless

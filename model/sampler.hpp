@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "model/tokenizer.hpp"
+#include "tireless/outcome.hpp"
 
 namespace tireless {
 
@@ -23,6 +24,7 @@ struct sampling_params {
   // The CTRL paper's (vLLM's, llama.cpp's), over the prompt and generated tokens: a positive
   // logit is divided by it, a negative one multiplied; 1: off. > 0.
   float repetition_penalty = 1.0f;
+  int32_t logprobs = -1;  // -1: none; n >= 0: the chosen token's log-probability and the top n's
 
   bool penalized() const { return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f; }
 };
@@ -32,6 +34,7 @@ struct sampler_scratch {
   std::vector<std::pair<float, token_id>> candidates;
   std::vector<float> penalized;  // [n_vocab] the logits after the penalties
   std::vector<token_id> sorted;  // the history, sorted: runs of one token
+  std::vector<std::pair<float, token_id>> top;  // logprobs: the most likely tokens
 };
 
 // The token for draw number `draw` (the position the token will take). The random number
@@ -41,5 +44,9 @@ struct sampler_scratch {
 // read it, and it is unused when p.penalized() is false.
 token_id sample(std::span<const float> logits, const sampling_params& p, uint64_t draw,
                 sampler_scratch& scratch, std::span<const token_id> history = {}, int32_t prompt_len = 0);
+
+// `chosen`'s log-probability under softmax(logits) (the raw distribution: what the model says,
+// before temperature, penalties and filters) and the `top` most likely tokens' (ties: lower id).
+token_logprob logprob_of(std::span<const float> logits, token_id chosen, int32_t top, sampler_scratch& scratch);
 
 }  // namespace tireless

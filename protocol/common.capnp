@@ -14,6 +14,16 @@ struct Sampling {
   presencePenalty @5 :Float32 = 0.0;   # [-2, 2], over generated tokens (OpenAI's)
   frequencyPenalty @6 :Float32 = 0.0;  # [-2, 2], per occurrence in generated tokens (OpenAI's)
   repetitionPenalty @7 :Float32 = 1.0; # > 0, over prompt and generated tokens; 1: off
+  logprobs @8 :Int32 = -1;        # -1: none; n in [0, 20]: each token's log-probability and the n most likely's
+}
+
+# A generated token's log-probability under the model (its raw distribution: before the
+# temperature, the penalties and the top-k/top-p/min-p filters), and the n most likely tokens'.
+struct TokenLogprob {
+  token @0 :Int32;
+  logprob @1 :Float32;
+  topTokens @2 :List(Int32);      # most likely first
+  topLogprobs @3 :List(Float32);
 }
 
 # Every request ends with exactly one Outcome.

@@ -76,4 +76,25 @@ outcome from_wire(proto::Outcome::Reader r) {
   return o;
 }
 
+void to_wire(const token_logprob& l, proto::TokenLogprob::Builder b) {
+  b.setToken(l.token);
+  b.setLogprob(l.logprob);
+  auto ids = b.initTopTokens(static_cast<unsigned>(l.top.size()));
+  auto lps = b.initTopLogprobs(static_cast<unsigned>(l.top.size()));
+  for (unsigned i = 0; i < l.top.size(); ++i) {
+    ids.set(i, l.top[i].first);
+    lps.set(i, l.top[i].second);
+  }
+}
+
+token_logprob from_wire(proto::TokenLogprob::Reader r) {
+  token_logprob l;
+  l.token = r.getToken();
+  l.logprob = r.getLogprob();
+  const auto ids = r.getTopTokens();
+  const auto lps = r.getTopLogprobs();
+  for (unsigned i = 0; i < ids.size() && i < lps.size(); ++i) l.top.emplace_back(ids[i], lps[i]);
+  return l;
+}
+
 }  // namespace tireless

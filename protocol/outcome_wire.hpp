@@ -12,4 +12,8 @@ namespace tireless {
 void to_wire(const outcome& o, proto::Outcome::Builder b);
 outcome from_wire(proto::Outcome::Reader r);
 
+// A token's log-probabilities (common.capnp's TokenLogprob), which travel beside token ids.
+void to_wire(const token_logprob& l, proto::TokenLogprob::Builder b);
+token_logprob from_wire(proto::TokenLogprob::Reader r);
+
 }  // namespace tireless

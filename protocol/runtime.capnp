@@ -33,6 +33,7 @@ struct TokenChunk {
   requestId @0 :UInt64;
   tokens @1 :List(Int32);
   firstTokenNs @2 :Int64 = -1;  # set on the chunk that carries the first token
+  logprobs @3 :List(Common.TokenLogprob);  # one per token when the request asked for them
 }
 
 # engine → admission, the one credit protocol (scheduler/engine_credits.hpp): the waiting room
@@ -132,6 +133,7 @@ struct StepReply {
   next @1 :List(Int32);        # per sequence: the sampled token or -1
   seconds @2 :Float64;         # how long the step took (virtual on the sim backend)
   logits @3 :Data;             # float32 [sequences with wantLogits][vocab]
+  logprobs @4 :List(Common.TokenLogprob);  # empty, or per sequence (those that asked: sampling.logprobs >= 0)
 }
 
 # attention shard → expert shard: one MoE layer's routed tokens.

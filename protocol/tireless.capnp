@@ -71,6 +71,7 @@ interface TokenSink {
 struct TokenChunk {
   text @0 :Text;          # complete UTF-8 characters only
   ids @1 :List(Int32);    # the token ids this chunk covers
+  logprobs @2 :List(Common.TokenLogprob);  # one per id when sampling.logprobs >= 0
 }
 
 # A generation in progress, private to the client that started it.

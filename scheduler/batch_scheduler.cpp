@@ -427,6 +427,7 @@ std::vector<scheduler_event> batch_scheduler::commit(const step_result& result, 
       s.last_token_at = now;
       if (s.spec.token_window > 0) --s.window;
       events.push_back({scheduler_event::kind::tokens, s.spec.id, {t}, {}});
+      if (s.spec.sampling.logprobs >= 0 && i < result.logprobs.size()) events.back().logprobs.push_back(result.logprobs[i]);
       std::optional<finish_reason> done;
       if (std::find(s.spec.stop_tokens.begin(), s.spec.stop_tokens.end(), t) != s.spec.stop_tokens.end()) {
         done = finish_reason::stop_token;

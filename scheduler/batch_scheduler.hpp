@@ -94,6 +94,7 @@ struct scheduler_event {
   finish_reason reason{};         // kind::finished
   // kind::finished: what the request used.
   int32_t prompt_tokens = 0, generated = 0, cached_tokens = 0, preemptions = 0;
+  std::vector<token_logprob> logprobs{};  // kind::tokens, one per token when the request asked
 };
 
 struct sequence_counts {

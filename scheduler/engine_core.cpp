@@ -188,7 +188,9 @@ void engine_core::commit(const step_result& result, double seconds, int64_t now)
 
 void engine_core::abort(const std::string& why) {
   for (seq_id id : batch_) fail(id, why);
-  core_.commit(step_result{std::vector<token_id>(batch_.size(), -1), {}});
+  step_result nothing;
+  nothing.next.assign(batch_.size(), -1);
+  core_.commit(nothing);
   batch_.clear();
   stepping_ = false;
 }
@@ -202,6 +204,7 @@ void engine_core::deliver(std::vector<scheduler_event> events, int64_t now) {
       engine_delivery d;
       d.seq = e.seq;
       d.tokens = std::move(e.tokens);
+      d.logprobs = std::move(e.logprobs);
       if (info.first_token_ns < 0) d.first_token_ns = info.first_token_ns = now;
       deliveries_.push_back(std::move(d));
     } else if (e.what == scheduler_event::kind::finished) {

@@ -59,6 +59,7 @@ struct engine_stats {
 struct engine_delivery {
   seq_id seq = 0;
   std::vector<token_id> tokens;  // generated, in order (when !ended)
+  std::vector<token_logprob> logprobs;  // one per token when the request asked for them
   int64_t first_token_ns = -1;   // set with the request's first token
   bool ended = false;            // then `result` is its one outcome
   outcome result;

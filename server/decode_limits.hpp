@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace tireless {
@@ -27,6 +28,8 @@ struct service_info {
   std::string description;
   int32_t context_length = 0;
   int32_t vocab_size = 0;
+  // A token's bytes (its tokenizer piece), for logprobs over HTTP; empty without a tokenizer.
+  std::function<std::string(int32_t)> token_bytes;
 };
 
 }  // namespace tireless

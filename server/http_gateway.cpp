@@ -48,8 +48,18 @@ struct http_gateway::generation {
   response_id rid;
   std::string pending_text;
   int32_t pending_tokens = 0;
+  std::vector<token_logprob> pending_logprobs;  // of tokens whose text has not gone out yet
+  int64_t text_offset = 0;                      // bytes of the tokens whose logprobs went out
   std::optional<outcome> final;
   kj::Own<kj::PromiseFulfiller<void>> waiting;  // the handler waits for news
+
+  // The pending logprobs went out in a chunk: completions' text offsets move past them.
+  void take_logprobs() {
+    for (const token_logprob& l : pending_logprobs) {
+      text_offset += rid.token_bytes ? static_cast<int64_t>(rid.token_bytes(l.token).size()) : 0;
+    }
+    pending_logprobs.clear();
+  }
 
   void notify() {
     if (waiting) {
@@ -168,7 +178,13 @@ kj::Promise<void> http_gateway::listen(kj::ConnectionReceiver& port) {
     // stops its stream within the window plus these bytes, and costs the kernel no more.
     int bytes = static_cast<int>(socket_send_buffer_bytes);
     connection->setsockopt(SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
-    connections_.add(server_->listenHttp(kj::heap<watched_stream>(kj::mv(connection))));
+    if (open_connections_ >= max_connections_) {
+      refuse_connection(kj::mv(connection));
+      return listen(port);
+    }
+    ++open_connections_;
+    connections_.add(server_->listenHttp(kj::heap<watched_stream>(kj::mv(connection)))
+                         .attach(kj::defer([this] { --open_connections_; })));
     return listen(port);
   },
       [this, &port](kj::Exception&& e) -> kj::Promise<void> {
@@ -176,6 +192,27 @@ kj::Promise<void> http_gateway::listen(kj::ConnectionReceiver& port) {
         spdlog::warn("http accept failed ({}); retrying", e.getDescription().cStr());
         return timer_.afterDelay(100 * kj::MILLISECONDS).then([this, &port] { return listen(port); });
       });
+}
+
+// A connection over the limit: one 503 in OpenAI's error shape, with the hint to come back,
+// then closed (what the client sent is not read).
+void http_gateway::refuse_connection(kj::Own<kj::AsyncIoStream> connection) {
+  ++refused_connections_;
+  api_error e;
+  e.status = 503;
+  e.type = "server_error";
+  e.code = "too_many_connections";
+  e.message = fmt::format("this server has {} HTTP connections open, its limit (server.max_connections); retry "
+                          "in a second, or reuse a connection", max_connections_);
+  e.retry_after_ms = 1000;
+  const std::string body = error_body(e);
+  auto text = kj::heapString(fmt::format("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json; "
+                                         "charset=utf-8\r\nRetry-After: 1\r\nretry-after-ms: 1000\r\n"
+                                         "Content-Length: {}\r\nConnection: close\r\n\r\n{}",
+                                         body.size(), body));
+  auto& stream = *connection;
+  auto written = stream.write(text.begin(), text.size()).then([&stream] { stream.shutdownWrite(); });
+  connections_.add(written.exclusiveJoin(timer_.afterDelay(2 * kj::SECONDS)).attach(kj::mv(connection), kj::mv(text)));
 }
 
 void http_gateway::add_page(std::string path, page p) { pages_.emplace_back(std::move(path), std::move(p)); }
@@ -303,6 +340,7 @@ kj::Promise<void> http_gateway::generate(int endpoint, std::string body, std::st
           if (!g || g->final) return;
           g->pending_text += e.text;
           g->pending_tokens += static_cast<int32_t>(e.tokens.size());
+          g->pending_logprobs.insert(g->pending_logprobs.end(), e.logprobs.begin(), e.logprobs.end());
           if (!e.tokens.empty() || !e.text.empty()) g->notify();
         });
       },
@@ -317,7 +355,7 @@ kj::Promise<void> http_gateway::generate(int endpoint, std::string body, std::st
       });
   const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
                           std::chrono::system_clock::now().time_since_epoch()).count();
-  g->rid = make_response_id(g->call, g->id, now);
+  g->rid = make_response_id(g->call, g->id, now, info_.token_bytes);
 
   kj::Promise<void> work = nullptr;
   if (streamed) {
@@ -363,14 +401,18 @@ kj::Promise<void> http_gateway::stream(std::shared_ptr<generation> g, kj::HttpSe
       int32_t taken = 0;
       bool last = false;
       if (g->pending_tokens > 0 || !g->pending_text.empty()) {
-        if (!g->pending_text.empty()) st->buffer += sse(text_chunk(g->rid, g->pending_text));
+        if (!g->pending_text.empty()) {
+          st->buffer += sse(text_chunk(g->rid, g->pending_text, g->pending_logprobs, g->text_offset));
+          g->take_logprobs();
+        }
         taken = g->pending_tokens;
         g->pending_text.clear();
         g->pending_tokens = 0;
       } else {
         const outcome& o = *g->final;
         if (o.kind == outcome_kind::completed) {
-          st->buffer += sse(final_chunk(g->rid, o));
+          st->buffer += sse(final_chunk(g->rid, o, g->pending_logprobs, g->text_offset));
+          g->take_logprobs();
           if (g->call.include_usage) st->buffer += sse(usage_chunk(g->rid, o));
         } else {
           st->buffer += sse(error_body(error_of(o)));  // the openai package raises it

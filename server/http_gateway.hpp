@@ -32,8 +32,14 @@ class http_gateway {
   http_gateway(runtime& rt, kj_bridge& bridge, kj::Timer& timer, service_info info, decode_limits limits);
   ~http_gateway();
 
-  // Serves connections on `port` until the promise is dropped.
+  // Serves connections on `port` until the promise is dropped. At most max_connections are
+  // open at once (server.max_connections, counted apart from the RPC listener's): a connection
+  // beyond them is answered 503 with Retry-After and closed. A connection idle between requests
+  // is closed after kj's pipeline timeout (5 s), one whose headers trickle after 15 s.
   kj::Promise<void> listen(kj::ConnectionReceiver& port);
+  void limit_connections(int32_t max_connections) { max_connections_ = max_connections; }
+  int32_t open_connections() const { return open_connections_; }
+  int64_t refused_connections() const { return refused_connections_; }
   // Shutting down: /ready says 503, new generations are refused (503, shutting_down).
   void stop_accepting() { accepting_ = false; }
   // Generations whose response has not ended yet.
@@ -56,6 +62,7 @@ class http_gateway {
   kj::Promise<void> respond_json(kj::HttpService::Response& response, unsigned status, std::string body,
                                  const struct api_error* error = nullptr, const struct outcome* done = nullptr);
   kj::Promise<void> stream(std::shared_ptr<generation> g, kj::HttpService::Response& response);
+  void refuse_connection(kj::Own<kj::AsyncIoStream> connection);
 
   runtime& rt_;
   kj_bridge& bridge_;
@@ -65,6 +72,8 @@ class http_gateway {
   size_t max_body_bytes_;
   bool accepting_ = true;
   size_t live_ = 0;
+  int32_t max_connections_ = 256, open_connections_ = 0;
+  int64_t refused_connections_ = 0;
   int64_t started_at_ = 0;  // unix seconds, for /v1/models
   std::mt19937_64 seeds_;
   std::vector<std::pair<std::string, page>> pages_;

@@ -29,6 +29,7 @@ struct inference_service::generation_state {
   kj::Maybe<rpc::TokenSink::Client> sink;  // let go of once the outcome has reached it
   std::string pending_text;
   std::vector<int32_t> pending_ids;
+  std::vector<token_logprob> pending_logprobs;
   int32_t generated = 0;
   bool sending = false;    // a tokens() call is in flight
   int32_t unsynced = 0;    // tokens sent to the client, not yet confirmed by a sync()
@@ -78,9 +79,14 @@ void pump(state_ptr s, runtime& rt, kj::TaskSet& tasks) {
       chunk.setText(s->pending_text);
       auto ids = chunk.initIds(static_cast<unsigned>(s->pending_ids.size()));
       for (unsigned i = 0; i < s->pending_ids.size(); ++i) ids.set(i, s->pending_ids[i]);
+      if (!s->pending_logprobs.empty()) {
+        auto lps = chunk.initLogprobs(static_cast<unsigned>(s->pending_logprobs.size()));
+        for (unsigned i = 0; i < s->pending_logprobs.size(); ++i) to_wire(s->pending_logprobs[i], lps[i]);
+      }
       const auto n = static_cast<int32_t>(s->pending_ids.size());
       s->pending_text.clear();
       s->pending_ids.clear();
+      s->pending_logprobs.clear();
       tasks.add(req.send().then(
           [s, &rt, &tasks, n]() mutable {
             s->sending = false;
@@ -283,6 +289,7 @@ kj::Promise<void> inference_service::generate(generate_context context,
             if (!s || s->final) return;
             s->pending_text += e.text;
             s->pending_ids.insert(s->pending_ids.end(), e.tokens.begin(), e.tokens.end());
+            s->pending_logprobs.insert(s->pending_logprobs.end(), e.logprobs.begin(), e.logprobs.end());
             s->generated += static_cast<int32_t>(e.tokens.size());
             pump(s, rt_, tasks_);
           });

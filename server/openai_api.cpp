@@ -222,17 +222,21 @@ std::optional<api_error> read_sampling(body_reader& b, openai_endpoint endpoint,
   int64_t n = 1;
   b.integer("n", n, 1, 1000);
   if (b.ok() && n != 1) b.fail(invalid("n", fmt::format("'n' is {}; this server returns one choice per request (n = 1)", n)));
-  // logprobs: a boolean for chat, a count for completions.
-  if (const json* lp = b.field("logprobs"); lp && b.ok()) {
-    const bool wanted = lp->is_boolean() ? lp->get<bool>() : lp->is_number() ? lp->get<double>() > 0 : true;
-    if (endpoint == openai_endpoint::chat_completions && !lp->is_boolean()) {
-      b.fail(wrong_type("logprobs", *lp, "true or false"));
-    } else if (wanted) {
-      b.fail(invalid("logprobs", "logprobs are not supported by this server yet; leave 'logprobs' unset"));
+  // logprobs: a boolean for chat (top_logprobs says how many alternatives), a count of
+  // alternatives for completions.
+  if (endpoint == openai_endpoint::chat_completions) {
+    bool wanted = false;
+    int64_t top = -1;
+    b.boolean("logprobs", wanted);
+    b.integer("top_logprobs", top, 0, max_top_logprobs);
+    if (b.ok() && top >= 0 && !wanted) {
+      b.fail(invalid("top_logprobs", "top_logprobs needs \"logprobs\": true; set it, or leave top_logprobs unset"));
     }
-  }
-  if (const json* tl = b.field("top_logprobs"); tl && b.ok() && !(tl->is_number_integer() && tl->get<int64_t>() == 0)) {
-    b.fail(invalid("top_logprobs", "top_logprobs are not supported by this server yet; leave it unset"));
+    s.logprobs = wanted ? static_cast<int32_t>(std::max<int64_t>(top, 0)) : -1;
+  } else {
+    int64_t top = -1;
+    b.integer("logprobs", top, 0, max_top_logprobs);
+    s.logprobs = static_cast<int32_t>(top);
   }
   if (const json* echo = b.field("echo"); echo && b.ok() && echo->is_boolean() && echo->get<bool>()) {
     b.fail(invalid("echo", "echo is not supported; leave it unset"));
@@ -366,12 +370,14 @@ std::string_view finish_reason_of(const outcome& o) {
   return o.reason == reason::max_tokens || o.reason == reason::context_full ? "length" : "stop";
 }
 
-response_id make_response_id(const openai_call& call, uint64_t request_id, int64_t created) {
+response_id make_response_id(const openai_call& call, uint64_t request_id, int64_t created, token_bytes_fn token_bytes) {
   response_id r;
   r.endpoint = call.endpoint;
   r.id = fmt::format("{}-{:016x}", call.endpoint == openai_endpoint::chat_completions ? "chatcmpl" : "cmpl", request_id);
   r.created = created;
   r.model = call.model;
+  r.logprobs = call.req.sampling.logprobs;
+  r.token_bytes = std::move(token_bytes);
   return r;
 }
 
@@ -394,8 +400,50 @@ json usage_of(const outcome& o) {
               {"prompt_tokens_details", {{"cached_tokens", o.cached_prompt_tokens}}}};
 }
 
+std::string bytes_of(const response_id& r, int32_t token) {
+  return r.token_bytes ? r.token_bytes(token) : fmt::format("token_id:{}", token);
+}
+
+json logprob_entry(const response_id& r, int32_t token, float logprob) {
+  const std::string b = bytes_of(r, token);
+  json bytes = json::array();
+  for (unsigned char c : b) bytes.push_back(static_cast<int>(c));
+  return json{{"token", b}, {"logprob", logprob}, {"bytes", std::move(bytes)}};
+}
+
+// The logprobs of a choice: chat's {"content": [...]} or completions' parallel lists (their
+// text_offset counts from `text_offset`, the bytes of the tokens before these).
+json logprobs_json(const response_id& r, std::span<const token_logprob> lps, int64_t text_offset) {
+  if (r.endpoint == openai_endpoint::chat_completions) {
+    json content = json::array();
+    for (const token_logprob& l : lps) {
+      json e = logprob_entry(r, l.token, l.logprob);
+      json top = json::array();
+      for (const auto& [t, lp] : l.top) top.push_back(logprob_entry(r, t, lp));
+      e["top_logprobs"] = std::move(top);
+      content.push_back(std::move(e));
+    }
+    return json{{"content", std::move(content)}, {"refusal", nullptr}};
+  }
+  json tokens = json::array(), token_logprobs = json::array(), top = json::array(), offsets = json::array();
+  for (const token_logprob& l : lps) {
+    const std::string b = bytes_of(r, l.token);
+    tokens.push_back(b);
+    token_logprobs.push_back(l.logprob);
+    json alternatives = json::object();  // the chosen token always, as vLLM does
+    alternatives[b] = l.logprob;
+    for (const auto& [t, lp] : l.top) alternatives[bytes_of(r, t)] = lp;
+    top.push_back(std::move(alternatives));
+    offsets.push_back(text_offset);
+    text_offset += static_cast<int64_t>(b.size());
+  }
+  return json{{"tokens", std::move(tokens)}, {"token_logprobs", std::move(token_logprobs)},
+              {"top_logprobs", std::move(top)}, {"text_offset", std::move(offsets)}};
+}
+
 // The choice of a chunk or response: a chat delta/message or a completion's text.
-json choice(const response_id& r, std::string_view text, bool chunk, const outcome* finished) {
+json choice(const response_id& r, std::string_view text, bool chunk, const outcome* finished,
+            std::span<const token_logprob> lps = {}, int64_t text_offset = 0) {
   json c = {{"index", 0}};
   if (r.endpoint == openai_endpoint::chat_completions) {
     if (chunk) {
@@ -406,7 +454,8 @@ json choice(const response_id& r, std::string_view text, bool chunk, const outco
   } else {
     c["text"] = text;
   }
-  c["logprobs"] = nullptr;
+  const bool with_logprobs = r.logprobs >= 0 && (!chunk || !lps.empty());
+  c["logprobs"] = with_logprobs ? logprobs_json(r, lps, text_offset) : json(nullptr);
   c["finish_reason"] = finished ? json(finish_reason_of(*finished)) : json(nullptr);
   return c;
 }
@@ -426,7 +475,7 @@ void add_tireless_fields(json& j, const outcome& o) {
 
 std::string completion_body(const response_id& r, const outcome& o) {
   json j = envelope(r, false);
-  j["choices"] = json::array({choice(r, o.text, false, &o)});
+  j["choices"] = json::array({choice(r, o.text, false, &o, o.logprobs)});
   j["usage"] = usage_of(o);
   add_tireless_fields(j, o);
   return dump(j);
@@ -440,15 +489,17 @@ std::string first_chunk(const response_id& r) {
   return dump(j);
 }
 
-std::string text_chunk(const response_id& r, std::string_view text) {
+std::string text_chunk(const response_id& r, std::string_view text, std::span<const token_logprob> logprobs,
+                       int64_t text_offset) {
   json j = envelope(r, true);
-  j["choices"] = json::array({choice(r, text, true, nullptr)});
+  j["choices"] = json::array({choice(r, text, true, nullptr, logprobs, text_offset)});
   return dump(j);
 }
 
-std::string final_chunk(const response_id& r, const outcome& o) {
+std::string final_chunk(const response_id& r, const outcome& o, std::span<const token_logprob> logprobs,
+                        int64_t text_offset) {
   json j = envelope(r, true);
-  j["choices"] = json::array({choice(r, "", true, &o)});
+  j["choices"] = json::array({choice(r, "", true, &o, logprobs, text_offset)});
   add_tireless_fields(j, o);
   return dump(j);
 }

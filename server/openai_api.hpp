@@ -8,7 +8,12 @@
 // - Defaults are OpenAI's: temperature 1, top_p 1; a request without a seed gets a random one.
 // - Unknown fields are ignored, as OpenAI does; a known field of the wrong type or out of
 //   range is refused (400, naming the field).
-// - n must be 1; logprobs are refused for now (400, saying so): the engine does not return them.
+// - n must be 1.
+// - logprobs (chat: logprobs + top_logprobs; completions: logprobs = the count, up to 20) are
+//   the model's raw log-probabilities, before temperature, penalties and filters (vLLM's
+//   default). A token's text is its tokenizer piece as bytes (chat also lists "bytes"); a
+//   piece that is part of a character is sent with U+FFFD in "token". Completions' top_logprobs
+//   always hold the chosen token too, as vLLM's do.
 // - "developer" messages are system messages; message content is a string or a list of text
 //   parts. Roles and parts other than these are refused.
 // - prompt (completions): a string, a list of one string, or a list of token ids.
@@ -17,6 +22,8 @@
 //   wait holds the room reserved for it.
 
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -64,24 +71,36 @@ std::string error_body(const api_error& e);
 // "stop" or "length" (max_tokens or the context reached).
 std::string_view finish_reason_of(const outcome& o);
 
-// The identity of one response, the same on each of its stream chunks.
+// A token's bytes (its tokenizer piece), for logprobs. Without one, tokens are named
+// "token_id:N" (vLLM's form).
+using token_bytes_fn = std::function<std::string(int32_t)>;
+
+// The identity of one response, the same on each of its stream chunks, and its form.
 struct response_id {
   openai_endpoint endpoint = openai_endpoint::chat_completions;
   std::string id;  // chatcmpl-... or cmpl-...
   int64_t created = 0;  // unix seconds
   std::string model;
+  int32_t logprobs = -1;  // the request's sampling logprobs: -1, none in the choices
+  token_bytes_fn token_bytes;
 };
 
-response_id make_response_id(const openai_call& call, uint64_t request_id, int64_t created);
+response_id make_response_id(const openai_call& call, uint64_t request_id, int64_t created,
+                             token_bytes_fn token_bytes = {});
 
 // The whole response of a completed request (not streamed).
 std::string completion_body(const response_id& r, const outcome& o);
 
 // Stream chunks (each is one SSE event's data).
 std::string first_chunk(const response_id& r);  // chat: the assistant role, no text yet
-std::string text_chunk(const response_id& r, std::string_view text);
-// The last choice chunk: finish_reason and the degradations (a field of the chunk).
-std::string final_chunk(const response_id& r, const outcome& o);
+// logprobs: of the tokens this chunk's text comes from (and any before whose text was held
+// back); text_offset: the bytes of the tokens before them (completions' text_offset).
+std::string text_chunk(const response_id& r, std::string_view text, std::span<const token_logprob> logprobs = {},
+                       int64_t text_offset = 0);
+// The last choice chunk: finish_reason and the degradations (a field of the chunk), and the
+// logprobs of tokens whose text never came (a stop string's).
+std::string final_chunk(const response_id& r, const outcome& o, std::span<const token_logprob> logprobs = {},
+                        int64_t text_offset = 0);
 std::string usage_chunk(const response_id& r, const outcome& o);  // choices [] and usage
 
 std::string models_body(const std::string& model_name, int64_t created, int32_t context_length);

@@ -100,6 +100,7 @@ std::variant<decoded_request, request_problem> decode_request(rpc::GenerateReque
   q.sampling.presence_penalty = s.getPresencePenalty();
   q.sampling.frequency_penalty = s.getFrequencyPenalty();
   q.sampling.repetition_penalty = s.getRepetitionPenalty();
+  q.sampling.logprobs = s.getLogprobs();
   if (!std::isfinite(q.sampling.temperature) || q.sampling.temperature < 0 || q.sampling.temperature > 100) {
     return invalid(fmt::format("sampling.temperature is {}; use a number from 0 (greedy) to 100", q.sampling.temperature));
   }
@@ -117,6 +118,10 @@ std::variant<decoded_request, request_problem> decode_request(rpc::GenerateReque
   if (!(q.sampling.repetition_penalty > 0 && q.sampling.repetition_penalty <= 10)) {
     return invalid(fmt::format("sampling.repetitionPenalty is {}; use a number in (0, 10] (1: off)",
                                q.sampling.repetition_penalty));
+  }
+  if (q.sampling.logprobs < -1 || q.sampling.logprobs > max_top_logprobs) {
+    return invalid(fmt::format("sampling.logprobs is {}; use -1 (none) or 0 to {} (the most likely tokens to list "
+                               "beside each token's own)", q.sampling.logprobs, max_top_logprobs));
   }
   const int32_t max_tokens = r.getMaxTokens();
   if (max_tokens == 0 || max_tokens < -1) {

@@ -143,9 +143,10 @@ int main(int argc, char** argv) {
   limits.stream_window = config.session.stream_buffer_tokens;
   if (config.backend.kind == backend_kind::cpu) {
     // The model is open inside the runtime; its facts for models() come from the file again.
-    auto m = model::load(config.model.path);
+    std::shared_ptr<const model> m = model::load(config.model.path);
     info.context_length = m->config().n_ctx_train;
     info.vocab_size = m->config().n_vocab;
+    info.token_bytes = [m](int32_t t) { return std::string(m->tok().token_bytes(t)); };
   }
   limits.max_prompt_bytes = rt->max_prompt().text_bytes;
   limits.max_prompt_tokens = rt->max_prompt().tokens;
@@ -183,6 +184,7 @@ int main(int argc, char** argv) {
   if (!config.server.http_listen.empty()) {
     http = kj::heap<http_gateway>(*rt, bridge, io.provider->getTimer(), info, limits);
     http->observe_outcomes_with(observe);
+    http->limit_connections(config.server.max_connections);
     http->add_page("/metrics", [&rt, &metrics] {
       return runtime_stats_promise(*rt).then([&metrics](runtime_stats s) {
         metrics.update(s);

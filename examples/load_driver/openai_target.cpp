@@ -8,6 +8,7 @@
 #include <kj/async-io.h>
 #include <kj/compat/http.h>
 
+#include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -82,11 +83,26 @@ class openai_session final : public wall_clock_session, public kj::TaskSet::Erro
     auto req = http_->client->request(kj::HttpMethod::POST, kj::str(url_.c_str(), "/v1/chat/completions"), headers,
                                 static_cast<uint64_t>(state->body.size()));
     auto sent = req.body->write(state->body.data(), state->body.size()).attach(kj::mv(req.body));
-    http_->tasks.add(sent.then([response = kj::mv(req.response)]() mutable { return kj::mv(response); })
-                   .then([this, state](kj::HttpClient::Response&& response) { return read(state, kj::mv(response)); })
-                   .catch_([this, state](kj::Exception&& e) {
-                     finish(state, failed_outcome(0, fmt::format("HTTP request failed: {}", e.getDescription().cStr())));
-                   }));
+    kj::Promise<void> work =
+        sent.then([response = kj::mv(req.response)]() mutable { return kj::mv(response); })
+            .then([this, state](kj::HttpClient::Response&& response) { return read(state, kj::mv(response)); })
+            .catch_([this, state](kj::Exception&& e) {
+              finish(state, failed_outcome(0, fmt::format("HTTP request failed: {}", e.getDescription().cStr())));
+            });
+    // The request's deadline, kept by the client as the articles' clients keep theirs (the
+    // server may not know it): when it passes, the request is dropped (its connection closed,
+    // which cancels it at a server that notices) and counted as cancelled by its deadline.
+    const int64_t timeout_ms = r.timeout_ms > 0 ? r.timeout_ms : s_.config.session.request_timeout.count();
+    if (timeout_ms > 0) {
+      work = work.exclusiveJoin(io_.provider->getTimer().afterDelay(timeout_ms * kj::MILLISECONDS).then([this, state] {
+        outcome o;
+        o.kind = outcome_kind::cancelled;
+        o.reason = reason::deadline;
+        o.message = "the client's deadline passed before the answer ended";
+        finish(state, timed(*state, std::move(o)));
+      }));
+    }
+    http_->tasks.add(kj::mv(work));
   }
 
   std::optional<target_probe> probe() override { return std::nullopt; }
@@ -95,7 +111,7 @@ class openai_session final : public wall_clock_session, public kj::TaskSet::Erro
  private:
   struct call {
     std::string body;
-    double started = 0, first_token = -1;
+    double started = 0, first_token = -1, last_token = -1, longest_pause = 0;
     std::string pending;  // bytes of the stream not yet split into events
     int32_t chunks = 0, prompt_tokens = 0, completion_tokens = -1;
     std::vector<std::string> degradations;
@@ -164,7 +180,10 @@ class openai_session final : public wall_clock_session, public kj::TaskSet::Erro
       const json delta = choice.value("delta", json::object());
       if (delta.is_object() && delta.contains("content") && delta["content"].is_string() &&
           !delta["content"].get<std::string>().empty()) {
-        if (c.first_token < 0) c.first_token = now();
+        const double t = now();
+        if (c.first_token < 0) c.first_token = t;
+        if (c.last_token >= 0) c.longest_pause = std::max(c.longest_pause, t - c.last_token);
+        c.last_token = t;
         ++c.chunks;
       }
       if (choice.contains("finish_reason") && choice["finish_reason"].is_string()) {
@@ -184,9 +203,16 @@ class openai_session final : public wall_clock_session, public kj::TaskSet::Erro
     o.prompt_tokens = c->prompt_tokens;
     o.completion_tokens = c->completion_tokens >= 0 ? c->completion_tokens : c->chunks;
     o.degradations = c->degradations;
-    o.time_to_first_token_ms = c->first_token < 0 ? -1 : (c->first_token - c->started) * 1000;
-    o.total_ms = (now() - c->started) * 1000;
-    finish(c, o);
+    finish(c, timed(*c, std::move(o)));
+  }
+
+  // The times the client saw: to the first text, the whole, the longest wait between two
+  // chunks of text (a server's chunk may hold several tokens).
+  outcome timed(const call& c, outcome o) {
+    o.time_to_first_token_ms = c.first_token < 0 ? -1 : (c.first_token - c.started) * 1000;
+    o.total_ms = (now() - c.started) * 1000;
+    o.longest_pause_ms = c.longest_pause * 1000;
+    return o;
   }
 
   void taskFailed(kj::Exception&& e) override { (void)e; }

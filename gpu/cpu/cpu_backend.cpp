@@ -462,7 +462,12 @@ void cpu_backend::output(const step_batch& b, step_result& result) {
   const int64_t n_out = static_cast<int64_t>(out_rows_.size());
   result.next.assign(b.seqs.size(), -1);
   result.logits.clear();
+  result.logprobs.clear();
   if (n_out == 0) return;
+  const bool any_logprobs = std::any_of(b.seqs.begin(), b.seqs.end(), [](const sequence_step& q) {
+    return q.sample && q.sampling.logprobs >= 0;
+  });
+  if (any_logprobs) result.logprobs.resize(b.seqs.size());
   for (int64_t i = 0; i < n_out; ++i) {
     k_.rms_norm(&x_[out_rows_[i] * e], output_norm_, &h_[i * e], e, c_.rms_eps);
   }
@@ -485,6 +490,7 @@ void cpu_backend::output(const step_batch& b, step_result& result) {
       const std::span<const float> logits(&logits_[out_of_seq_[s] * v], static_cast<size_t>(v));
       const uint64_t draw = static_cast<uint64_t>(q.start_pos) + q.tokens.size();
       result.next[s] = sample(logits, q.sampling, draw, scratch, q.history, q.prompt_len);
+      if (q.sampling.logprobs >= 0) result.logprobs[s] = logprob_of(logits, result.next[s], q.sampling.logprobs, scratch);
     }
   });
   for (size_t s = 0; s < b.seqs.size(); ++s) {
@@ -500,6 +506,7 @@ void cpu_backend::execute(const step_batch& b, step_result& result) {
   if (n_rows_ == 0) {
     result.next.clear();
     result.logits.clear();
+    result.logprobs.clear();
     return;
   }
   embed();

@@ -1,6 +1,7 @@
 #include "gpu/sim/sim_backend.hpp"
 
 #include <chrono>
+#include <cmath>
 #include <stdexcept>
 #include <thread>
 
@@ -66,6 +67,21 @@ void sim_backend::check(const step_batch& b) const {
   }
 }
 
+// The log-probabilities of the sim's logits (1 at the token it chose, 0 elsewhere), in closed
+// form: the sim has no model, so this is what its want_logits rows say, not a real distribution.
+token_logprob sim_backend::one_hot_logprob(token_id t, int32_t top) const {
+  const double log_total = std::log(std::exp(1.0) + static_cast<double>(profile_.n_vocab - 1));
+  token_logprob out;
+  out.token = t;
+  out.logprob = static_cast<float>(1.0 - log_total);
+  const int32_t n = std::min(top, profile_.n_vocab);
+  if (n > 0) out.top.emplace_back(t, out.logprob);
+  for (token_id other = 0; static_cast<int32_t>(out.top.size()) < n; ++other) {
+    if (other != t) out.top.emplace_back(other, static_cast<float>(-log_total));
+  }
+  return out;
+}
+
 void sim_backend::execute(const step_batch& b, step_result& result) {
   const auto began = std::chrono::steady_clock::now();
   check(b);
@@ -75,12 +91,17 @@ void sim_backend::execute(const step_batch& b, step_result& result) {
 
   result.next.assign(b.seqs.size(), -1);
   result.logits.clear();
+  result.logprobs.clear();
   const auto v = static_cast<size_t>(profile_.n_vocab);
   for (size_t i = 0; i < b.seqs.size(); ++i) {
     const sequence_step& s = b.seqs[i];
     if (!s.sample && !s.want_logits) continue;
     const token_id t = token_for(s.seq_id, s.start_pos + static_cast<int64_t>(s.tokens.size()), s.sampling.seed);
     if (s.sample) result.next[i] = t;
+    if (s.sample && s.sampling.logprobs >= 0) {
+      if (result.logprobs.empty()) result.logprobs.resize(b.seqs.size());
+      result.logprobs[i] = one_hot_logprob(t, s.sampling.logprobs);
+    }
     if (s.want_logits) {
       result.logits.resize(result.logits.size() + v, 0.0f);
       result.logits[result.logits.size() - v + static_cast<size_t>(t)] = 1.0f;

@@ -45,6 +45,7 @@ class sim_backend final : public backend {
 
   // The token the sim samples for a sequence at `position` (the position the token will take).
   token_id token_for(uint64_t seq_id, int64_t position, uint64_t seed) const;
+  token_logprob one_hot_logprob(token_id t, int32_t top) const;
 
  private:
   void check(const step_batch& batch) const;

@@ -24,6 +24,15 @@ inline constexpr std::string_view error = "error";
 
 enum class outcome_kind { completed, rejected, cancelled, failed };
 
+// A generated token's log-probability under the model's raw distribution (before temperature,
+// penalties and the top-k/top-p/min-p filters, as vLLM reports them by default) and the most
+// likely tokens' at its position, most likely first. Asked for with sampling logprobs >= 0.
+struct token_logprob {
+  int32_t token = 0;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;
+};
+
 struct outcome {
   uint64_t request_id = 0;
   outcome_kind kind = outcome_kind::failed;
@@ -40,6 +49,7 @@ struct outcome {
   double longest_pause_ms = 0;  // the longest wait between two of its tokens (0: fewer than two)
   std::string text;             // everything generated (after stop handling)
   std::vector<int32_t> tokens;  // every generated token id
+  std::vector<token_logprob> logprobs;  // one per token when asked for (sampling logprobs >= 0)
 };
 
 // The outcomes the runtime makes itself.

@@ -38,7 +38,12 @@ struct sampling_options {
   // vLLM's and llama.cpp's, over prompt and generated tokens: a seen token's logit is divided
   // by it (multiplied when negative); 1: off.
   float repetition_penalty = 1.0f;
+  // -1: none; n in [0, max_top_logprobs]: each token's log-probability and the n most likely
+  // tokens' at its position (token_event::logprobs, outcome::logprobs).
+  int32_t logprobs = -1;
 };
+
+inline constexpr int32_t max_top_logprobs = 20;  // OpenAI's limit
 
 struct request {
   std::string api_key;                 // a tenant's key; ignored when the config has no tenants
@@ -65,6 +70,7 @@ struct token_event {
   uint64_t request_id = 0;
   std::string text;             // complete UTF-8 characters only
   std::vector<int32_t> tokens;
+  std::vector<token_logprob> logprobs;  // one per token when the request asked for them
 };
 
 struct runtime_stats {

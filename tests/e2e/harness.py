@@ -313,6 +313,7 @@ def make_sink_class(schema):
             self.delay = delay
             self.chunks = []            # (text, ids, monotonic time)
             self.received = 0           # token ids received (counted on arrival)
+            self.logprobs = []          # (token, logprob, [(top token, logprob)]) when asked for
             self.done_count = 0
             self.done_before_tokens = None
             self.outcome = None
@@ -323,6 +324,7 @@ def make_sink_class(schema):
             ids = list(chunk.ids)
             self.received += len(ids)
             self.chunks.append((chunk.text, ids, time.monotonic()))
+            self.logprobs.extend((lp.token, lp.logprob, list(zip(lp.topTokens, lp.topLogprobs))) for lp in chunk.logprobs)
             if not self.first_token.done():
                 self.first_token.set_result(None)
             if self.delay:

@@ -125,6 +125,26 @@ async def test_concurrent_clients(ctx):
     check(after.kvFreeBlocks == after.kvTotalBlocks, "KV blocks leaked")
 
 
+async def test_logprobs_come_with_each_token(ctx):
+    """sampling.logprobs = n: every token arrives with its log-probability and the n most likely
+    tokens'; greedy, the chosen token is the most likely one. Old requests get none."""
+    _, inf = await h.connect(ctx.port)
+    r = h.new_request(PREMIUM, "Name three primary colors.", max_tokens=12)
+    r.sampling.temperature = 0.0
+    r.sampling.logprobs = 3
+    call, o = await h.generate(inf, r)
+    check(o.which() == "completed", h.describe(o))
+    lps = call.sink.logprobs
+    ids = [t for c in call.sink.chunks for t in c[1]]
+    check(len(lps) == len(ids) == o.usage.completionTokens, f"{len(lps)} logprobs for {len(ids)} tokens")
+    for (token, lp, top), t in zip(lps, ids):
+        check(token == t, f"logprob of token {token} beside token {t}")
+        check(len(top) == 3 and top[0][0] == token and abs(top[0][1] - lp) < 1e-6, f"top {top} for {token} ({lp})")
+        check(all(a[1] >= b[1] for a, b in zip(top, top[1:])) and all(x[1] <= 0 for x in top), f"top {top}")
+    plain, _ = await h.generate(inf, h.new_request(PREMIUM, "Name three primary colors.", max_tokens=4))
+    check(plain.sink.logprobs == [], "a request that asked for no logprobs got some")
+
+
 # ---------------------------------------------------------------------------------------------
 # 3. Generation.cancel() mid-stream.
 
@@ -299,6 +319,8 @@ def bad_requests(context_length):
         ("topP 1.5", sampling(topP=1.5), invalid),
         ("topP NaN", sampling(topP=float("nan")), invalid),
         ("negative topK", sampling(topK=-3), invalid),
+        ("logprobs 21 (at most 20)", sampling(logprobs=21), invalid),
+        ("logprobs -2", sampling(logprobs=-2), invalid),
         ("invalid UTF-8 in text", with_invalid_utf8(text("hello " + MARK)), invalid),
         ("invalid UTF-8 in a message", with_invalid_utf8(messages([("user", "hi " + MARK)])), invalid),
         ("invalid UTF-8 in a role", with_invalid_utf8(messages([(MARK, "hi")])), invalid),
@@ -738,6 +760,7 @@ TESTS = [
     test_huge_texts_end_in_an_outcome,
     test_user_text_cannot_forge_turns,
     test_idle_connections_cannot_lock_everyone_out,
+    test_logprobs_come_with_each_token,
     test_shutdown_under_load,
 ]
 

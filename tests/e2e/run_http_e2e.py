@@ -200,6 +200,44 @@ def test_streams_of_multibyte_text_and_held_back_stop_strings_end_as_the_whole_a
     check(finish and finish[-1] in ("length", "stop"), f"a long multi-byte stream did not finish: {finish}")
 
 
+def test_logprobs_as_the_openai_package_reads_them(ctx):
+    """Chat's logprobs.content and completions' parallel lists, whole and streamed: one entry per
+    generated token, the tokens' bytes spell the text, greedy picks the most likely token."""
+    c = ctx.client()
+    msgs = [{"role": "user", "content": "Write one sentence about the sea."}]
+    whole = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=20, temperature=0, logprobs=True,
+                                      top_logprobs=3)
+    content = whole.choices[0].logprobs.content
+    check(len(content) == whole.usage.completion_tokens, f"{len(content)} logprobs, "
+                                                          f"{whole.usage.completion_tokens} tokens")
+    for e in content:
+        check(len(e.top_logprobs) == 3 and e.top_logprobs[0].token == e.token, f"greedy but not the top: {e}")
+        check(abs(e.top_logprobs[0].logprob - e.logprob) < 1e-6 and e.logprob <= 0, f"logprob {e}")
+        check(sum(math.exp(t.logprob) for t in e.top_logprobs) <= 1.0001, f"top probabilities over 1: {e}")
+    spelled = b"".join(bytes(e.bytes) for e in content).decode("utf-8", errors="replace")
+    check(spelled.startswith(whole.choices[0].message.content), f"bytes spell {spelled!r}, text "
+                                                                 f"{whole.choices[0].message.content!r}")
+    streamed = [e for ch in c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=20, temperature=0,
+                                                      logprobs=True, top_logprobs=3, stream=True)
+                for choice in ch.choices if choice.logprobs for e in choice.logprobs.content]
+    check([e.token for e in streamed] == [e.token for e in content], "streamed logprobs differ from the whole's")
+    check(all(abs(a.logprob - b.logprob) < 1e-4 for a, b in zip(streamed, content)), "streamed logprob values differ")
+    plain = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=4, temperature=0)
+    check(plain.choices[0].logprobs is None, "logprobs without asking")
+
+    legacy = c.completions.create(model=MODEL, prompt=LONG_TEXT, max_tokens=12, temperature=0, logprobs=2)
+    lp = legacy.choices[0].logprobs
+    n = legacy.usage.completion_tokens
+    check(len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == n,
+          f"completions logprobs lists are not one per token ({n}): {lp}")
+    check("".join(lp.tokens) == legacy.choices[0].text, f"tokens {lp.tokens} do not spell {legacy.choices[0].text!r}")
+    check(lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0, f"text_offset {lp.text_offset}")
+    check(all(t in top and len(top) <= 3 for t, top in zip(lp.tokens, lp.top_logprobs)), f"top {lp.top_logprobs}")
+    # Sampled at temperature 1 the reported logprob is still the model's: the same for the same token.
+    s = c.completions.create(model=MODEL, prompt=LONG_TEXT, max_tokens=1, temperature=1, seed=5, logprobs=0)
+    check(s.choices[0].logprobs.token_logprobs[0] <= 0, f"logprob {s.choices[0].logprobs}")
+
+
 def test_penalties_and_min_p_reach_the_sampler(ctx):
     """Greedy text that repeats itself repeats less under each penalty (deterministic: greedy)."""
     c = ctx.client()
@@ -271,8 +309,8 @@ def test_errors_are_the_openai_exceptions(ctx):
     expect_error(openai.BadRequestError,
                  lambda: ctx.client().chat.completions.create(model=MODEL, messages=[]), 400, param="messages")
     expect_error(openai.BadRequestError,
-                 lambda: ctx.client().chat.completions.create(model=MODEL, messages=msgs, logprobs=True), 400,
-                 param="logprobs")
+                 lambda: ctx.client().chat.completions.create(model=MODEL, messages=msgs, top_logprobs=2), 400,
+                 param="top_logprobs")
     long_doc = "The quick brown fox jumps over the lazy dog. " * 4000  # far past the context
     body = expect_error(openai.BadRequestError,
                         lambda: ctx.client().completions.create(model=MODEL, prompt=long_doc, max_tokens=4), 400,
@@ -845,6 +883,7 @@ TESTS = [
     test_completions_greedy_and_seeded,
     test_stream_equals_whole,
     test_penalties_and_min_p_reach_the_sampler,
+    test_logprobs_as_the_openai_package_reads_them,
     test_streams_of_multibyte_text_and_held_back_stop_strings_end_as_the_whole_answer,
     test_async_client,
     test_errors_are_the_openai_exceptions,
@@ -879,7 +918,9 @@ def main():
     ctx = Context(args, workdir)
     passed = failed = 0
     try:
-        for fn in [t for t in TESTS if not args.k or any(k in t.__name__ for k in args.k)]:
+        # -k, or TIRELESS_HTTP_E2E_ONLY (comma-separated): only the tests whose names contain one.
+        only = args.k or [k for k in os.environ.get("TIRELESS_HTTP_E2E_ONLY", "").split(",") if k]
+        for fn in [t for t in TESTS if not only or any(k in t.__name__ for k in only)]:
             ctx.notes = []
             t0 = time.monotonic()
             error = None

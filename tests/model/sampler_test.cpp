@@ -224,5 +224,24 @@ TEST(sampler, penalties_are_ignored_without_a_history_and_need_one_with) {
   EXPECT_EQ(sample(logits, p, 0, scratch, std::vector<token_id>{7, -1}, 1), 0);  // ids outside the vocabulary
 }
 
+TEST(sampler, logprobs_are_the_raw_log_softmax_with_the_most_likely_tokens_first) {
+  sampler_scratch scratch;
+  const std::vector<float> logits = {1.0f, 3.0f, -2.0f, 3.0f, 0.5f};
+  const std::vector<double> p = softmax(logits, 1.0);
+  const token_logprob l = logprob_of(logits, 4, 3, scratch);
+  EXPECT_EQ(l.token, 4);
+  EXPECT_NEAR(l.logprob, std::log(p[4]), 1e-5);
+  ASSERT_EQ(l.top.size(), 3u);
+  EXPECT_EQ(l.top[0].first, 1);  // ties: the lower id first
+  EXPECT_EQ(l.top[1].first, 3);
+  EXPECT_EQ(l.top[2].first, 0);
+  for (const auto& [t, lp] : l.top) EXPECT_NEAR(lp, std::log(p[static_cast<size_t>(t)]), 1e-5);
+  EXPECT_TRUE(logprob_of(logits, 0, 0, scratch).top.empty());
+  EXPECT_EQ(logprob_of(logits, 0, 20, scratch).top.size(), logits.size());  // at most the vocabulary
+  // Huge logits do not overflow: log-softmax is shift-invariant.
+  const std::vector<float> big = {1000.0f, 999.0f};
+  EXPECT_NEAR(logprob_of(big, 1, 0, scratch).logprob, std::log(1.0 / (1.0 + std::exp(1.0))), 1e-5);
+}
+
 }  // namespace
 }  // namespace tireless

@@ -92,7 +92,12 @@ TEST(openai_api, wrong_types_and_ranges_are_refused_naming_the_field_and_unknown
   EXPECT_EQ(parse_error(R"({"messages": [{"role":"user","content":"x"}], "temperature": 2.5})").param, "temperature");
   EXPECT_EQ(parse_error(R"({"messages": [{"role":"user","content":"x"}], "max_tokens": 1.5})").param, "max_tokens");
   EXPECT_EQ(parse_error(R"({"messages": [{"role":"user","content":"x"}], "n": 3})").param, "n");
-  EXPECT_EQ(parse_error(R"({"messages": [{"role":"user","content":"x"}], "logprobs": true})").param, "logprobs");
+  EXPECT_EQ(parse_error(R"({"messages": [{"role":"user","content":"x"}], "logprobs": 2})").param, "logprobs");
+  EXPECT_EQ(parse_error(R"({"messages": [{"role":"user","content":"x"}], "top_logprobs": 2})").param, "top_logprobs");
+  EXPECT_EQ(parse_error(R"({"messages": [{"role":"user","content":"x"}], "logprobs": true, "top_logprobs": 21})").param,
+            "top_logprobs");
+  EXPECT_EQ(parse_error(R"({"prompt": "x", "logprobs": true})", openai_endpoint::completions).param, "logprobs");
+  EXPECT_EQ(parse_error(R"({"prompt": "x", "logprobs": 99})", openai_endpoint::completions).param, "logprobs");
   EXPECT_EQ(parse_error(R"({"messages": [{"role":"tool","content":"x"}]})").param, "messages[0].role");
   EXPECT_EQ(parse_error(R"({"messages": []})").param, "messages");
   EXPECT_EQ(parse_error("not json").status, 400);
@@ -155,6 +160,56 @@ TEST(openai_api, a_capped_answer_says_length_and_lists_its_degradations) {
             "max_tokens capped from 512 to 64 (tier free, pressure 0.90); caf??");
   o.reason = reason::stop_token;
   EXPECT_EQ(finish_reason_of(o), "stop");
+}
+
+TEST(openai_api, logprobs_are_asked_for_as_each_endpoint_names_them) {
+  EXPECT_EQ(parse_ok({{"messages", hi}}).req.sampling.logprobs, -1);
+  EXPECT_EQ(parse_ok({{"messages", hi}, {"logprobs", false}}).req.sampling.logprobs, -1);
+  EXPECT_EQ(parse_ok({{"messages", hi}, {"logprobs", true}}).req.sampling.logprobs, 0);
+  EXPECT_EQ(parse_ok({{"messages", hi}, {"logprobs", true}, {"top_logprobs", 5}}).req.sampling.logprobs, 5);
+  EXPECT_EQ(parse_ok({{"prompt", "x"}, {"logprobs", 3}}, openai_endpoint::completions).req.sampling.logprobs, 3);
+  EXPECT_EQ(parse_ok({{"prompt", "x"}, {"logprobs", nullptr}}, openai_endpoint::completions).req.sampling.logprobs, -1);
+}
+
+TEST(openai_api, logprobs_appear_in_each_endpoints_shape_with_the_tokens_bytes) {
+  outcome o;
+  o.kind = outcome_kind::completed;
+  o.reason = reason::stop_token;
+  o.text = "Hi!";
+  o.tokens = {7, 9};
+  o.logprobs = {{7, -0.25f, {{7, -0.25f}, {3, -2.0f}}}, {9, -1.5f, {{4, -0.5f}}}};
+  const token_bytes_fn bytes = [](int32_t t) { return t == 7 ? std::string("Hi") : t == 9 ? "!" : "\xe2\x80"; };
+
+  const response_id chat = make_response_id(parse_ok({{"messages", hi}, {"logprobs", true}, {"top_logprobs", 2}}), 1, 0, bytes);
+  const json c = json::parse(completion_body(chat, o))["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[0]["token"], "Hi");
+  EXPECT_FLOAT_EQ(c[0]["logprob"].get<float>(), -0.25f);
+  EXPECT_EQ(c[0]["bytes"], json::array({72, 105}));
+  EXPECT_EQ(c[0]["top_logprobs"].size(), 2u);
+  EXPECT_EQ(c[0]["top_logprobs"][1]["bytes"], json::array({0xe2, 0x80}));  // part of a character: bytes exact
+  EXPECT_EQ(c[1]["top_logprobs"][0]["token"], "\xef\xbf\xbd");  // ... and U+FFFD in the text
+  // Streamed: a chunk carries its tokens' logprobs; one without asks none.
+  const json chunk = json::parse(text_chunk(chat, "Hi", std::span(o.logprobs).first(1)));
+  EXPECT_EQ(chunk["choices"][0]["logprobs"]["content"].size(), 1u);
+  EXPECT_TRUE(json::parse(text_chunk(chat, "Hi"))["choices"][0]["logprobs"].is_null());
+  EXPECT_TRUE(json::parse(completion_body(make_response_id(parse_ok({{"messages", hi}}), 1, 0, bytes), o))
+                  ["choices"][0]["logprobs"].is_null());
+
+  const response_id legacy =
+      make_response_id(parse_ok({{"prompt", "x"}, {"logprobs", 1}}, openai_endpoint::completions), 1, 0, bytes);
+  const json l = json::parse(completion_body(legacy, o))["choices"][0]["logprobs"];
+  EXPECT_EQ(l["tokens"], json::array({"Hi", "!"}));
+  EXPECT_EQ(l["text_offset"], json::array({0, 2}));
+  EXPECT_FLOAT_EQ(l["token_logprobs"][1].get<float>(), -1.5f);
+  EXPECT_TRUE(l["top_logprobs"][1].contains("!"));  // the chosen token always, as vLLM's
+  EXPECT_EQ(l["top_logprobs"][1].size(), 2u);
+  EXPECT_EQ(json::parse(final_chunk(legacy, o, std::span(o.logprobs).last(1), 2))["choices"][0]["logprobs"]["text_offset"],
+            json::array({2}));
+  // Without a tokenizer (the sim backend) tokens are named by id, as vLLM does.
+  const json ids = json::parse(completion_body(make_response_id(parse_ok({{"prompt", "x"}, {"logprobs", 0}},
+                                                                         openai_endpoint::completions), 1, 0), o));
+  EXPECT_EQ(ids["choices"][0]["logprobs"]["tokens"][0], "token_id:7");
 }
 
 }  // namespace
