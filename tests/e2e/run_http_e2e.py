@@ -510,6 +510,41 @@ def test_backoff_loop_of_the_articles(ctx):
 # Resources: cancellation, flow control, shutdown
 
 
+def test_connections_over_the_limit_get_503_and_room_comes_back(ctx):
+    """server.max_connections caps the HTTP listener too: one connection more is answered 503
+    with Retry-After and closed; once a connection closes, a new one is served."""
+    server = h.Server(ctx.args.server, ctx.args.config, ctx.workdir, name="connlimit", http=True,
+                      overrides={("server", "max_connections"): 3})
+    try:
+        held = [socket.create_connection((server.host, server.http_port), timeout=h.slack(10)) for _ in range(3)]
+        time.sleep(0.3)  # accepted by the server's loop
+        extra = socket.create_connection((server.host, server.http_port), timeout=h.slack(10))
+        extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        reply = b""
+        while chunk := extra.recv(4096):
+            reply += chunk
+        extra.close()
+        head, _, body = reply.partition(b"\r\n\r\n")
+        check(head.startswith(b"HTTP/1.1 503"), f"over the limit: {head[:80]!r}")
+        check(b"Retry-After: 1" in head, f"no Retry-After in {head!r}")
+        check(json.loads(body)["error"]["code"] == "too_many_connections", f"body {body!r}")
+        held.pop().close()
+        deadline = time.monotonic() + h.slack(10)
+        while True:
+            try:
+                r = requests.get(server.base_url + "/health", timeout=h.slack(5))
+                if r.status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            check(time.monotonic() < deadline, "no room after a connection closed")
+            time.sleep(0.1)
+        for c in held:
+            c.close()
+    finally:
+        server.stop(timeout=h.SHUTDOWN_GRACE_MS / 1000 + 5)
+
+
 def test_client_going_away_cancels(ctx):
     wait_until_idle(ctx)
     # Not streamed: the client times out while the server generates; the request must stop.
@@ -892,6 +927,7 @@ TESTS = [
     test_429_retry_after,
     test_backoff_loop_of_the_articles,
     test_client_going_away_cancels,
+    test_connections_over_the_limit_get_503_and_room_comes_back,
     test_slow_reader_pauses_its_stream,
     test_python_client_speaks_both_transports_alike,
     test_python_client_fails_over_and_its_breaker_skips_a_dead_endpoint,
