@@ -8,7 +8,9 @@
 #
 # Both servers get the quotas-lifted demo configuration's traffic (tireless: its tiers and
 # admission; llama-server has no tiers: its 12 slots, continuous batching, first come first
-# served). The table is the load driver's comparison; README.md quotes it.
+# served). llama-server runs twice: at tireless's offered load, and at its own capacity (measured
+# the same way). The tables are the load driver's; README.md quotes them. The client keeps each
+# request's deadline (timeout_ms, 60 s) and closes the connection when it passes.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 duration=${1:-30}
@@ -52,13 +54,22 @@ lport=$(free_port)
 wait_http "http://127.0.0.1:$lport"
 echo "== llama-server at the same offered load ($capacity requests/s = 1x)"
 run_load "http://127.0.0.1:$lport" llama-server "$capacity"
+# And at its own capacity, measured the same way (closed loop, 12 in flight): what it keeps
+# when it is not offered more than it can do.
+echo "== llama-server at its own capacity (measured)"
+run_load "http://127.0.0.1:$lport" llama-server-own ""
 
 {
   echo "# bench/compare_openai_servers.sh $duration, $(date -u +%Y-%m-%d), same GGUF, same client, same offered load"
   echo "## tireless-serve"; sed -n '/^comparison/,/^$/p' "$work/tireless.txt"
-  echo "## llama-server (llama.cpp, $(cd "$HOME/.cache/tireless/llama-server/src" && ls sdist 2>/dev/null || echo vendored in llama-cpp-python 0.3.36))"
-  sed -n '/^comparison/,/^$/p' "$work/llama-server.txt"
-  echo "## per tier (tireless, then llama-server)"
-  grep -E '^  (premium|standard|free|total) ' "$work/tireless.txt" || true
-  grep -E '^  (premium|standard|free|total) ' "$work/llama-server.txt" || true
+  for run in tireless llama-server llama-server-own; do
+    case $run in
+      tireless) echo "## tireless-serve at its measured capacity (1x) and 3x" ;;
+      llama-server) echo "## llama-server (llama.cpp vendored in llama-cpp-python ${LLAMA_CPP_PYTHON_VERSION:-0.3.36}) at the same offered load" ;;
+      llama-server-own) echo "## llama-server at its own measured capacity (1x) and 3x" ;;
+    esac
+    grep -E '^capacity: .*tokens/s' "$work/$run.txt" || true
+    grep -E '^tireless at [0-9]+x capacity|^  (tier|premium|standard|free|total) |^  longest pause' "$work/$run.txt" \
+      | sed 's/^tireless at/at/' || true
+  done
 } | tee "$out/compare_openai_servers.txt"
