@@ -86,6 +86,11 @@ class backend {
 
   // Copies whole KV blocks (copy-on-write of a shared prefix block), src → dst pairs.
   virtual void copy_blocks(std::span<const std::pair<int32_t, int32_t>> src_dst) = 0;
+
+  // Mixture-of-experts models: the token-expert pairs routed to each expert since the backend
+  // was made, [layer][expert] flattened (scheduler/expert_load.hpp reads them); empty for
+  // dense models and backends that do not count.
+  virtual std::vector<int64_t> expert_tokens() const { return {}; }
 };
 
 }  // namespace tireless

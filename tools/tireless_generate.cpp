@@ -11,6 +11,7 @@
 #include "gpu/sequence_runner.hpp"
 #include "model/model.hpp"
 #include "model/text_stopper.hpp"
+#include "scheduler/expert_load.hpp"
 #include "tools/default_model.hpp"
 
 int main(int argc, char** argv) {
@@ -35,6 +36,11 @@ int main(int argc, char** argv) {
   app.add_option("--stop", stops, "stop string (repeatable)");
   app.add_option("-t,--threads", threads, "CPU threads (0: one per core)")->check(CLI::NonNegativeNumber);
   app.add_flag("-q,--quiet", quiet, "no timing line on stderr");
+  int expert_shards = 0;
+  app.add_option("--expert-stats", expert_shards,
+                 "MoE: print on stderr how evenly tokens fell on the experts and on this many shards (expert e on "
+                 "shard e % N)")
+      ->check(CLI::Range(1, 4096));
   CLI11_PARSE(app, argc, argv);
   if (prompt.empty() && chat.empty()) {
     std::cerr << "tireless-generate: give --prompt TEXT or --chat MESSAGE\n";
@@ -78,6 +84,22 @@ int main(int argc, char** argv) {
                    backend->describe().c_str(), static_cast<long long>(s.prefill_tokens),
                    s.prefill_tokens / std::max(s.prefill_seconds, 1e-9), out[0].tokens.size(),
                    s.decode_tokens / std::max(s.decode_seconds, 1e-9));
+    }
+    if (expert_shards > 0) {
+      const std::vector<int64_t> counts = backend->expert_tokens();
+      if (counts.empty()) {
+        std::fprintf(stderr, "expert stats: %s is not a mixture of experts\n", model_path.c_str());
+      } else {
+        const int32_t n_expert = m->config().n_expert;
+        const auto load = tireless::summarize_expert_load(counts, n_expert,
+                                                          tireless::round_robin_placement(n_expert, expert_shards));
+        std::fprintf(stderr, "expert stats: %lld token-expert pairs; max/mean per layer: experts %.2f (worst %.2f), "
+                     "%d shards %.2f (worst %.2f); tokens per expert:", static_cast<long long>(load.routed),
+                     load.expert_imbalance, load.expert_imbalance_worst, expert_shards, load.shard_imbalance,
+                     load.shard_imbalance_worst);
+        for (int64_t n : load.per_expert) std::fprintf(stderr, " %lld", static_cast<long long>(n));
+        std::fputc('\n', stderr);
+      }
     }
   } catch (const std::exception& e) {
     std::cerr << "tireless-generate: " << e.what() << "\n";

@@ -43,7 +43,7 @@ FFN = ("ffn_gate", "ffn_up", "ffn_down")
 FLOAT_TYPES = (QT.F32, QT.F16)
 
 
-def calibration_tokens(path: str) -> list[list[int]]:
+def calibration_tokens() -> list[list[int]]:
     """SmolLM2's reference prompts and their greedy continuations (tests/reference/prompts.json)."""
     with open(os.path.join(HERE, "..", "tests", "reference", "prompts.json")) as f:
         prompts = json.load(f)["prompts"]
@@ -125,7 +125,7 @@ def upcycle(dense: str, out: str, n_expert: int, n_used: int, perturb: float, sk
         raise SystemExit(f"upcycle_moe: --used must be from 1 to --experts ({n_expert}), not {n_used}")
 
     rng = np.random.default_rng(seed)
-    h = ffn_inputs(dense, calibration_tokens(dense))
+    h = ffn_inputs(dense, calibration_tokens())
     routers = [router(h[i], n_expert, skew, rng) for i in range(n_layer)]
     shares = [routing_shares(h[i], routers[i], n_used) for i in range(n_layer)]
 

@@ -68,6 +68,7 @@ class cpu_backend final : public backend {
   backend_limits limits() const override;
   int32_t n_vocab() const override { return c_.n_vocab; }
   step_cost_prior cost_prior() const override;
+  std::vector<int64_t> expert_tokens() const override { return expert_tokens_; }
   void execute(const step_batch& batch, step_result& result) override;
   void copy_blocks(std::span<const std::pair<int32_t, int32_t>> src_dst) override;
 
@@ -120,6 +121,7 @@ class cpu_backend final : public backend {
   // Scratch, sized once for max_step_tokens.
   std::vector<float> x_, h_, q_, kx_, vx_, att_, tmp_, g_, u_, router_, gates_, logits_;
   std::vector<int32_t> chosen_;
+  std::vector<int64_t> expert_tokens_;  // [layer][expert]: token-expert pairs routed so far
   q8_buffer q8_;
 };
 
@@ -168,6 +170,7 @@ cpu_backend::cpu_backend(std::shared_ptr<const model> m, const cpu_backend_optio
   }
   const int64_t rows = o_.max_step_tokens;
   if (c_.is_moe()) {
+    expert_tokens_.assign(static_cast<size_t>(c_.n_layer) * static_cast<size_t>(c_.n_expert), 0);
     if (o_.experts) {
       experts_ = o_.experts;
     } else {
@@ -446,6 +449,8 @@ void cpu_backend::moe_block(int layer) {
     for (int64_t j = 0; j < k; ++j) sum += gate[j];
     for (int64_t j = 0; j < k; ++j) gate[j] /= sum;
   });
+  int64_t* counts = &expert_tokens_[static_cast<size_t>(layer) * static_cast<size_t>(n_exp)];
+  for (int64_t i = 0; i < n_rows_ * k; ++i) ++counts[chosen_[static_cast<size_t>(i)]];
   routed_tokens rt;
   rt.layer = layer;
   rt.x = h_.data();

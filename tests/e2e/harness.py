@@ -324,7 +324,11 @@ def make_sink_class(schema):
             ids = list(chunk.ids)
             self.received += len(ids)
             self.chunks.append((chunk.text, ids, time.monotonic()))
-            self.logprobs.extend((lp.token, lp.logprob, list(zip(lp.topTokens, lp.topLogprobs))) for lp in chunk.logprobs)
+            try:  # a client on an older schema (newer_client.capnp's TokenChunk) has no logprobs
+                lps = chunk.logprobs
+            except (AttributeError, capnp.KjException):
+                lps = []
+            self.logprobs.extend((lp.token, lp.logprob, list(zip(lp.topTokens, lp.topLogprobs))) for lp in lps)
             if not self.first_token.done():
                 self.first_token.set_result(None)
             if self.delay:

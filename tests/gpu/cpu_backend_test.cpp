@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iomanip>
+#include <numeric>
 #include <string>
 #include <tuple>
 
@@ -297,6 +298,44 @@ TEST_F(cpu_backend_refuses, and_a_refused_step_changes_nothing) {
 
   backend_->execute(step(std::span(prompt).subspan(20), 20, blocks_), after);
   EXPECT_TRUE(bit_identical(after.logits, before.logits));
+}
+
+}  // namespace
+}  // namespace tireless::cpu
+
+namespace tireless::cpu {
+namespace {
+
+TEST(cpu_backend_experts, every_routed_token_is_counted_once_per_slot_and_layer) {
+  if (!std::filesystem::exists(model_path("tiny-moe"))) GTEST_SKIP() << "no tiny-moe.gguf";
+  auto m = model::load(model_path("tiny-moe"));
+  const auto& c = m->config();
+  cpu_backend_options o;
+  o.threads = 2;
+  o.kv_blocks = 8;
+  o.max_context = 128;
+  auto b = make_cpu_backend(m, o);
+  const std::vector<int64_t> before = b->expert_tokens();
+  ASSERT_EQ(before.size(), static_cast<size_t>(c.n_layer * c.n_expert));
+  EXPECT_EQ(std::accumulate(before.begin(), before.end(), int64_t{0}), 0);
+  const std::vector<token_id> tokens = some_tokens(23, 5, b->n_vocab());
+  const std::vector<int32_t> blocks = {0, 1};
+  step_batch batch;
+  sequence_step s;
+  s.seq_id = 1;
+  s.tokens = tokens;
+  s.block_table = blocks;
+  s.sample = true;
+  batch.seqs.push_back(s);
+  step_result r;
+  b->execute(batch, r);
+  const std::vector<int64_t> counts = b->expert_tokens();
+  for (int32_t l = 0; l < c.n_layer; ++l) {
+    int64_t layer = 0;
+    for (int32_t e = 0; e < c.n_expert; ++e) layer += counts[static_cast<size_t>(l * c.n_expert + e)];
+    EXPECT_EQ(layer, 23 * c.n_expert_used) << "layer " << l;
+  }
+  EXPECT_TRUE(make_cpu_backend(model::load(model_path("tiny-dense")), o)->expert_tokens().empty());
 }
 
 }  // namespace

@@ -11,7 +11,8 @@
 2. Perturbed experts (--perturb 0.05): tireless's logits are as close to the reference's as
    the dense model's are (SmolLM2's per-sequence bound), and far from the dense model's; the
    greedy text is still text.
-3. The router's skew: the hottest expert's share of the calibration tokens grows with --skew.
+3. The router's skew: the hottest expert's share of the calibration tokens grows with --skew,
+   and so does the imbalance tireless counts itself (tireless-generate --expert-stats).
 
 Exits 77 (skipped) without the model, numpy or gguf.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -141,6 +143,17 @@ def main(argv=None) -> int:
         hot_skew = float(np.mean(report["hottest_share"]))
         check(hot_skew > hot_even + 0.05, f"--skew 1.5 makes the hottest expert hotter: {hot_skew:.2f} of the "
                                           f"routed slots vs {hot_even:.2f} at --skew 0")
+        # ... and tireless's own counts (backend::expert_tokens, tireless-generate --expert-stats) see it.
+        seen = {}
+        for name in ("exact", "even"):
+            p = subprocess.run([a.generate, "-m", os.path.join(tmp, name + ".gguf"), "--prompt", prompts[2]["text"],
+                                "-n", "24", "--temperature", "0", "-q", "-t", "2", "--expert-stats", "2"],
+                               capture_output=True, text=True, timeout=600)
+            m = re.search(r"experts ([0-9.]+) \(worst", p.stderr)
+            check(p.returncode == 0 and m is not None, f"--expert-stats prints the imbalance ({name}): {p.stderr.strip()[-200:]!r}")
+            seen[name] = float(m.group(1)) if m else 0.0
+        check(seen["exact"] > seen["even"], f"tireless counts the skew: experts max/mean {seen['exact']:.2f} at "
+                                            f"--skew 1.5, {seen['even']:.2f} at --skew 0")
     print(f"{len(failures)} failed" if failures else "all passed")
     return 1 if failures else 0
 
