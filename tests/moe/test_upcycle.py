@@ -77,6 +77,10 @@ def main(argv=None) -> int:
         return 77
     with open(os.path.join(ROOT, "tests", "reference", "prompts.json")) as f:
         prompts = json.load(f)["prompts"]
+    if os.environ.get("TIRELESS_SANITIZED"):
+        # The model runs ~25x slower under ASan: three prompts and fewer tokens keep the checks.
+        prompts[:] = prompts[:3]
+        a.tokens = min(a.tokens, 12)
     with tempfile.TemporaryDirectory(prefix="tireless-moe-") as tmp:
         # 1. Exact copies. Top-1: the one expert's weight is exactly 1, so every float is the
         # dense model's and greedy tokens must be equal, bit for bit.
