@@ -1,36 +1,40 @@
 #pragma once
-// Expert shards: actors that each own a subset of a mixture-of-experts model's experts and
-// answer, for one layer at a time, the routed tokens' expert outputs. remote_experts is the
-// attention shard's side: the expert_ffn the CPU backend calls, which dispatches to the
-// shards, gathers their outputs and combines them in slot order (so the result equals the
-// single-process forward pass bit for bit). It restarts a shard that fails.
+// Expert shards as actors in this process: each owns some of a mixture-of-experts model's
+// experts and answers ExpertRequests with the same service a tireless-shard process runs
+// (experts/expert_service.hpp). The transport is what experts/exchange.hpp dispatches over;
+// reviving a shard spawns a fresh actor (the supervisor's job) with its experts.
 
 #include <caf/fwd.hpp>
 
 #include <memory>
 #include <vector>
 
-#include "gpu/cpu/expert_ffn.hpp"
+#include "experts/exchange.hpp"
 
 namespace tireless {
 
 class model;
 
-class remote_experts final : public cpu::expert_ffn {
+class actor_expert_transport final : public expert_transport {
  public:
-  // Spawns `shards` expert shards over the model's experts (expert e on shard e % shards).
-  remote_experts(caf::actor_system& sys, std::shared_ptr<const model> m, int shards, int64_t max_tokens);
-  ~remote_experts() override;
+  // `shards` actors, expert e of every layer on shard e % shards.
+  actor_expert_transport(caf::actor_system& sys, std::shared_ptr<const model> m, int shards, int64_t max_pairs);
+  ~actor_expert_transport() override;
 
-  void run(const cpu::routed_tokens& tokens, float* out, int64_t ld_out) override;
+  int32_t shards() const override;
+  std::vector<reply> exchange(const std::vector<const owned<proto::ExpertRequest>*>& requests) override;
+  bool revive(int32_t shard, std::chrono::milliseconds wait) override;
+  void hold(int32_t shard, const std::vector<int32_t>& keys) override;
 
-  int restarts() const { return restarts_; }
   void crash_shard_for_test(int shard);
 
  private:
   struct impl;
   std::unique_ptr<impl> impl_;
-  int restarts_ = 0;
 };
+
+// The exchange over in-process shard actors, as the runtime wires it for backend.expert_shards.
+std::unique_ptr<expert_exchange> make_actor_expert_exchange(caf::actor_system& sys, std::shared_ptr<const model> m,
+                                                            int shards, int64_t max_tokens, expert_exchange_options o);
 
 }  // namespace tireless

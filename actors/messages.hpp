@@ -38,6 +38,7 @@ using deadline_atom = caf::atom_constant<caf::atom("deadline")>;
 using drain_atom = caf::atom_constant<caf::atom("drain")>;
 using attach_atom = caf::atom_constant<caf::atom("attach")>;
 using crash_atom = caf::atom_constant<caf::atom("crash")>;
+using hold_atom = caf::atom_constant<caf::atom("hold")>;
 using finished_atom = caf::atom_constant<caf::atom("finished")>;
 
 }  // namespace tireless

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "actors/expert_shard.hpp"
+#include "experts/rpc.hpp"
 #include "actors/messages.hpp"
 #include "actors/pipeline.hpp"
 #include "actors/spawner.hpp"
@@ -26,7 +27,7 @@ struct runtime::impl {
   resolved_limits lim;
   std::shared_ptr<const model> lm;
   std::shared_ptr<backend> be;
-  std::unique_ptr<remote_experts> experts;  // MoE experts on expert shards, when configured
+  std::unique_ptr<expert_exchange> experts;  // MoE experts on expert shards, when configured
   caf::actor_system* sys = nullptr;         // owned by `owner`, on its thread
   std::unique_ptr<system_owner> owner;
   pipeline actors;
@@ -35,6 +36,22 @@ struct runtime::impl {
 };
 
 namespace {
+
+template <class Impl>
+std::unique_ptr<expert_exchange> make_expert_exchange(Impl& r, const model_config& mc) {
+  const backend_settings& b = r.cfg.backend;
+  expert_exchange_options o;
+  o.activations = b.expert_activations_f16 ? proto::Activations::F16 : proto::Activations::F32;
+  o.max_restarts = b.max_shard_restarts;
+  o.restart_window = b.shard_restart_window;
+  o.replicas_per_shard = b.expert_replicas_per_shard;
+  o.rebalance_every = b.expert_rebalance_every_steps * mc.n_layer;
+  if (b.expert_shard_addresses.empty()) {
+    return make_actor_expert_exchange(*r.sys, r.lm, b.expert_shards, r.cfg.engine.max_step_tokens, o);
+  }
+  o.revive_wait = b.expert_call_timeout;
+  return make_rpc_expert_exchange(r.lm, b.expert_shard_addresses, b.expert_call_timeout, o);
+}
 
 template <class Impl>
 std::shared_ptr<backend> make_backend(Impl& r) {
@@ -57,8 +74,8 @@ std::shared_ptr<backend> make_backend(Impl& r) {
   const int64_t kv_bytes_per_token = int64_t{mc.n_layer} * mc.kv_dim() * 2 * 2;
   r.lim = resolve_limits(c, {mc.n_ctx_train, kv_bytes_per_token});
   cpu::cpu_backend_options o;
-  if (mc.is_moe() && c.backend.expert_shards > 0) {
-    r.experts = std::make_unique<remote_experts>(*r.sys, r.lm, c.backend.expert_shards, c.engine.max_step_tokens);
+  if (mc.is_moe() && (c.backend.expert_shards > 0 || !c.backend.expert_shard_addresses.empty())) {
+    r.experts = make_expert_exchange(r, mc);
     o.experts = r.experts.get();
   }
   o.threads = c.backend.threads;

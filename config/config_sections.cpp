@@ -167,6 +167,23 @@ backend_settings read_backend(table_reader& r) {
   r.read("max_context", s.max_context, {0, max_tokens_ever, "tokens; 0 = the model's"});
   const bool real_time_given = r.read("real_time", s.real_time);
   r.read("expert_shards", s.expert_shards, {0, 64, "expert shard actors; 0 = experts run in the attention shard"});
+  if (r.read("expert_shard_addresses", s.expert_shard_addresses, true) && !s.expert_shard_addresses.empty() &&
+      s.expert_shards > 0) {
+    r.diag().error(r.where("expert_shard_addresses"), r.key_path("expert_shard_addresses"),
+                   "and expert_shards are both set; use one: shard actors in this process (expert_shards) or "
+                   "tireless-shard processes (expert_shard_addresses)");
+  }
+  if (std::string a = "f32"; r.read("expert_activations", a)) {
+    if (a == "f16" || a == "f32") {
+      s.expert_activations_f16 = a == "f16";
+    } else {
+      r.diag().error(r.where("expert_activations"), r.key_path("expert_activations"),
+                     fmt::format("\"{}\": expected \"f32\" (exact) or \"f16\" (half the bytes on the wire)", a));
+    }
+  }
+  r.read("expert_replicas_per_shard", s.expert_replicas_per_shard, {0, 1024, "experts per shard and layer"});
+  r.read("expert_rebalance_every_steps", s.expert_rebalance_every_steps, {0, int64_t{1} << 40, "steps; 0 = never"});
+  r.read("expert_call_timeout_ms", s.expert_call_timeout, {1, 3'600'000, "milliseconds"});
   r.read("max_shard_restarts", s.max_shard_restarts, {0, 1'000'000, "restarts"});
   r.read("shard_restart_window_ms", s.shard_restart_window, {1, 86'400'000, "milliseconds"});
   if (s.kind == backend_kind::sim) {

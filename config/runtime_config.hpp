@@ -88,6 +88,13 @@ struct backend_settings {
   // MoE models: expert shard actors the experts are spread over (round robin); 0 = the
   // experts run inside the attention shard.
   int32_t expert_shards = 0;
+  // Or: tireless-shard processes, one address each ("host:port", "unix:/path"); the experts
+  // each holds come from its own command line.
+  std::vector<std::string> expert_shard_addresses;
+  bool expert_activations_f16 = false;       // activations on the wire: f32 (exact) or f16
+  int32_t expert_replicas_per_shard = 0;     // hot-expert replicas each shard may take, per layer
+  int64_t expert_rebalance_every_steps = 0;  // how often replicas follow the load; 0: never
+  std::chrono::milliseconds expert_call_timeout{30'000};  // one call to a shard process
   // A crashed shard is restarted (and its step re-run) at most this many times within
   // shard_restart_window; one more crash in the window and it stays down.
   int32_t max_shard_restarts = 5;

@@ -20,10 +20,19 @@ class owned {
   explicit owned(unsigned first_segment_words = 160)
       : msg_(std::make_shared<capnp::MallocMessageBuilder>(first_segment_words)) {}
 
+  // A copy of a message read elsewhere (an RPC reply, which belongs to its connection).
+  static owned copy_of(typename T::Reader r) {
+    owned o(static_cast<unsigned>(r.totalSize().wordCount + 8));
+    o.msg_->setRoot(r);
+    return o;
+  }
+
   typename T::Builder init() { return msg_->initRoot<T>(); }
   typename T::Builder builder() { return msg_->getRoot<T>(); }
   typename T::Reader get() const { return msg_->getRoot<T>().asReader(); }
   explicit operator bool() const { return msg_ != nullptr; }
+
+  size_t size_bytes() const { return capnp::computeSerializedSizeInWords(*msg_) * sizeof(capnp::word); }
 
   std::vector<std::byte> flat() const {
     auto words = capnp::messageToFlatArray(*msg_);

@@ -136,18 +136,33 @@ struct StepReply {
   logprobs @4 :List(Common.TokenLogprob);  # empty, or per sequence (those that asked: sampling.logprobs >= 0)
 }
 
-# attention shard → expert shard: one MoE layer's routed tokens.
+# attention shard → expert shard: one MoE layer's tokens routed to this shard's experts, and
+# nothing else (a token none of whose experts live here is not sent). The same message goes to
+# an expert shard actor in this process and, as the ExpertShard interface's argument, to a
+# tireless-shard process over Cap'n Proto RPC.
+enum Activations {
+  f32 @0;
+  f16 @1;                      # IEEE half: half the bytes, rounded (not bit-equal to f32)
+}
+
 struct ExpertRequest {
   layer @0 :Int32;
-  tokens @1 :Int32;
+  rows @1 :Int32;              # token rows in x
   width @2 :Int32;
-  x @3 :Data;                  # float32 [tokens][width]
-  experts @4 :List(Int32);     # [tokens][k]
-  gates @5 :List(Float32);     # [tokens][k]
-  k @6 :Int32;
+  x @3 :Data;                  # [rows][width] normalized hidden states, in `activations`
+  slotRow @4 :List(Int32);     # per (token, expert) pair this shard computes: its row in x
+  slotExpert @5 :List(Int32);  # and its expert
+  activations @6 :Activations;
 }
 
 struct ExpertReply {
-  slots @0 :Data;              # float32 [tokens * k][width]; only the slots this shard owns
-  owned @1 :List(Bool);        # [tokens * k]: which slots this shard filled
+  y @0 :Data;                  # [pairs][width] unweighted expert outputs, in the request's order and activations
+  micros @1 :UInt32;           # the shard's compute time
+}
+
+# A tireless-shard process's bootstrap interface.
+interface ExpertShard {
+  info @0 () -> (model :Text, layers :Int32, experts :Int32, width :Int32, held :List(Int32), pid :Int64);
+  run @1 (request :ExpertRequest) -> (reply :ExpertReply);
+  hold @2 (experts :List(Int32)) -> (held :List(Int32));  # pack more experts (replicas, or a fenced shard's)
 }

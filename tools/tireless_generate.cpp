@@ -11,6 +11,7 @@
 #include "gpu/sequence_runner.hpp"
 #include "model/model.hpp"
 #include "model/text_stopper.hpp"
+#include "experts/rpc.hpp"
 #include "scheduler/expert_load.hpp"
 #include "tools/default_model.hpp"
 
@@ -41,6 +42,18 @@ int main(int argc, char** argv) {
                  "MoE: print on stderr how evenly tokens fell on the experts and on this many shards (expert e on "
                  "shard e % N)")
       ->check(CLI::Range(1, 4096));
+  std::vector<std::string> shard_addresses;
+  bool f16 = false;
+  int64_t rebalance_every = 0;
+  int32_t replicas = 0;
+  app.add_option("--expert-shard", shard_addresses,
+                 "MoE: run the experts on this tireless-shard process (HOST:PORT; repeat for each shard)");
+  app.add_flag("--expert-f16", f16, "with --expert-shard: f16 activations on the wire (f32 otherwise: exact)");
+  app.add_option("--rebalance-every", rebalance_every,
+                 "with --expert-shard: replicate hot experts every N tokens (EPLB), at most --replicas per shard and layer")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--replicas", replicas, "with --rebalance-every: replicas each shard may take per layer")
+      ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
   if (prompt.empty() && chat.empty()) {
     std::cerr << "tireless-generate: give --prompt TEXT or --chat MESSAGE\n";
@@ -66,6 +79,15 @@ int main(int argc, char** argv) {
     opt.threads = threads;
     opt.max_context = std::min<int32_t>(m->config().n_ctx_train,
                                         static_cast<int32_t>(req.prompt.size()) + req.max_tokens);
+    std::unique_ptr<tireless::expert_exchange> exchange;
+    if (!shard_addresses.empty()) {
+      tireless::expert_exchange_options eo;
+      eo.activations = f16 ? tireless::proto::Activations::F16 : tireless::proto::Activations::F32;
+      eo.rebalance_every = rebalance_every * m->config().n_layer;
+      eo.replicas_per_shard = replicas;
+      exchange = tireless::make_rpc_expert_exchange(m, shard_addresses, std::chrono::seconds(30), eo);
+      opt.experts = exchange.get();
+    }
     auto backend = tireless::cpu::make_cpu_backend(m, opt);
     tireless::text_stopper stopper(m->tok(), stop_tokens, stops);
     tireless::sequence_runner runner(*backend);
@@ -100,6 +122,19 @@ int main(int argc, char** argv) {
         for (int64_t n : load.per_expert) std::fprintf(stderr, " %lld", static_cast<long long>(n));
         std::fputc('\n', stderr);
       }
+    }
+    if (exchange) {
+      const tireless::expert_exchange_stats x = exchange->stats();
+      const double tokens = static_cast<double>(std::max<int64_t>(x.tokens, 1));
+      std::fprintf(stderr, "expert shards: %d (%d live, %d fenced); %lld layer calls; %.0f request + %.0f reply bytes per "
+                   "token row on the wire; dispatch overhead %.1f us per layer call (shards computing: %.1f us); "
+                   "%lld failures, %lld revivals, %lld replicas; pairs per shard:", x.shards, x.live, x.fenced,
+                   static_cast<long long>(x.calls), x.bytes_out / tokens, x.bytes_in / tokens,
+                   1e6 * x.dispatch_seconds / std::max<int64_t>(x.calls, 1),
+                   1e6 * x.shard_seconds / std::max<int64_t>(x.calls, 1), static_cast<long long>(x.failures),
+                   static_cast<long long>(x.revivals), static_cast<long long>(x.replicas));
+      for (int64_t n : x.per_shard_pairs) std::fprintf(stderr, " %lld", static_cast<long long>(n));
+      std::fputc('\n', stderr);
     }
   } catch (const std::exception& e) {
     std::cerr << "tireless-generate: " << e.what() << "\n";
