@@ -54,6 +54,11 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--replicas", replicas, "with --rebalance-every: replicas each shard may take per layer")
       ->check(CLI::NonNegativeNumber);
+  int64_t revive_wait_ms = 30'000;
+  app.add_option("--revive-wait-ms", revive_wait_ms,
+                 "with --expert-shard: how long to wait for a shard to answer at start, and for a failed one to come back "
+                 "before fencing it")
+      ->check(CLI::PositiveNumber)->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (prompt.empty() && chat.empty()) {
     std::cerr << "tireless-generate: give --prompt TEXT or --chat MESSAGE\n";
@@ -85,7 +90,8 @@ int main(int argc, char** argv) {
       eo.activations = f16 ? tireless::proto::Activations::F16 : tireless::proto::Activations::F32;
       eo.rebalance_every = rebalance_every * m->config().n_layer;
       eo.replicas_per_shard = replicas;
-      exchange = tireless::make_rpc_expert_exchange(m, shard_addresses, std::chrono::seconds(30), eo);
+      eo.revive_wait = std::chrono::milliseconds(revive_wait_ms);
+      exchange = tireless::make_rpc_expert_exchange(m, shard_addresses, eo.revive_wait, eo);
       opt.experts = exchange.get();
     }
     auto backend = tireless::cpu::make_cpu_backend(m, opt);
@@ -128,11 +134,11 @@ int main(int argc, char** argv) {
       const double tokens = static_cast<double>(std::max<int64_t>(x.tokens, 1));
       std::fprintf(stderr, "expert shards: %d (%d live, %d fenced); %lld layer calls; %.0f request + %.0f reply bytes per "
                    "token row on the wire; dispatch overhead %.1f us per layer call (shards computing: %.1f us); "
-                   "%lld failures, %lld revivals, %lld replicas; pairs per shard:", x.shards, x.live, x.fenced,
+                   "%lld failures, %lld revivals, %lld replicas, last recovery %.1f ms; pairs per shard:", x.shards, x.live, x.fenced,
                    static_cast<long long>(x.calls), x.bytes_out / tokens, x.bytes_in / tokens,
                    1e6 * x.dispatch_seconds / std::max<int64_t>(x.calls, 1),
                    1e6 * x.shard_seconds / std::max<int64_t>(x.calls, 1), static_cast<long long>(x.failures),
-                   static_cast<long long>(x.revivals), static_cast<long long>(x.replicas));
+                   static_cast<long long>(x.revivals), static_cast<long long>(x.replicas), 1e3 * x.last_recovery_seconds);
       for (int64_t n : x.per_shard_pairs) std::fprintf(stderr, " %lld", static_cast<long long>(n));
       std::fputc('\n', stderr);
     }
