@@ -87,6 +87,27 @@ std::shared_ptr<backend> make_backend(Impl& r) {
   return std::shared_ptr<backend>(cpu::make_cpu_backend(r.lm, o));
 }
 
+void add_expert_stats(runtime_stats& s, const expert_exchange_stats& x, int32_t n_expert) {
+  auto& e = s.experts;
+  e.shards = x.shards;
+  e.live = x.live;
+  e.fenced = x.fenced;
+  e.calls = x.calls;
+  e.tokens = x.tokens;
+  e.bytes_out = x.bytes_out;
+  e.bytes_in = x.bytes_in;
+  e.failures = x.failures;
+  e.revivals = x.revivals;
+  e.rebalances = x.rebalances;
+  e.replicas = x.replicas;
+  e.dispatch_seconds = x.dispatch_seconds;
+  e.last_recovery_seconds = x.last_recovery_seconds;
+  e.shard_imbalance = x.shard_imbalance();
+  e.pairs_per_shard = x.per_shard_pairs;
+  e.pairs_per_expert.assign(static_cast<size_t>(n_expert), 0);
+  for (size_t k = 0; k < x.per_expert_pairs.size(); ++k) e.pairs_per_expert[k % n_expert] += x.per_expert_pairs[k];
+}
+
 }  // namespace
 
 runtime::runtime(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
@@ -161,6 +182,7 @@ void runtime::stats_async(std::function<void(const runtime_stats&)> done) {
       s->cancelled = c.cancelled;
       s->failed = c.failed;
       s->door_capacity = m.entry->door_capacity();
+      if (m.experts) add_expert_stats(*s, m.experts->stats(), m.lm->config().n_expert);
       done(*s);
       self->quit();
     };

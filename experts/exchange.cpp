@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -35,14 +36,29 @@ expert_exchange::expert_exchange(std::shared_ptr<const model> m, std::unique_ptr
   fenced_.assign(static_cast<size_t>(n), 0);
   failures_.resize(static_cast<size_t>(n));
   last_try_.assign(static_cast<size_t>(n), clock::now());
-  load_.assign(static_cast<size_t>(n), 0);
+  load_.assign(static_cast<size_t>(placement_.layers()) * n, 0);
   stats_.shards = n;
   stats_.per_shard_pairs.assign(static_cast<size_t>(n), 0);
   stats_.per_expert_pairs.assign(static_cast<size_t>(placement_.layers()) * placement_.n_expert(), 0);
+  stats_.per_layer_shard_pairs.assign(static_cast<size_t>(placement_.layers()) * n, 0);
   publish();
 }
 
 expert_exchange::~expert_exchange() = default;
+
+double expert_exchange_stats::shard_imbalance() const {
+  if (shards < 1) return 1.0;
+  double sum = 0;
+  int layers = 0;
+  for (size_t from = 0; from + shards <= per_layer_shard_pairs.size(); from += static_cast<size_t>(shards)) {
+    const auto first = per_layer_shard_pairs.begin() + static_cast<ptrdiff_t>(from);
+    const int64_t total = std::accumulate(first, first + shards, int64_t{0});
+    if (total == 0) continue;
+    sum += static_cast<double>(*std::max_element(first, first + shards)) * shards / static_cast<double>(total);
+    ++layers;
+  }
+  return layers > 0 ? sum / layers : 1.0;
+}
 
 expert_exchange_stats expert_exchange::stats() const {
   std::lock_guard lock(mu_);
@@ -120,6 +136,8 @@ void expert_exchange::rebalance(int32_t replicas_per_shard) {
   }
   placement_ = std::move(next);
   ++stats_.rebalances;
+  std::fill(stats_.per_layer_shard_pairs.begin(), stats_.per_layer_shard_pairs.end(), 0);
+  std::fill(load_.begin(), load_.end(), 0);  // the running balance starts afresh on the new placement
 }
 
 void expert_exchange::run(const cpu::routed_tokens& rt, float* out, int64_t ld_out) {
@@ -154,7 +172,9 @@ void expert_exchange::run(const cpu::routed_tokens& rt, float* out, int64_t ld_o
     }
     if (todo.empty()) break;
     if (attempt > 2 * n_shards + 2) throw std::runtime_error("expert shards keep failing: the layer cannot be computed");
-    const std::vector<int32_t> shard_of = assign_pairs(placement_, rt.layer, todo_experts, live_, load_);
+    const std::vector<int32_t> shard_of = assign_pairs(
+        placement_, rt.layer, todo_experts, live_,
+        std::span<int64_t>(load_).subspan(static_cast<size_t>(rt.layer) * n_shards, static_cast<size_t>(n_shards)));
     bool orphans = false;
     for (size_t i = 0; i < todo.size(); ++i) {
       if (shard_of[i] >= 0) continue;
@@ -236,6 +256,7 @@ void expert_exchange::run(const cpu::routed_tokens& rt, float* out, int64_t ld_o
         ++stats_.per_expert_pairs[static_cast<size_t>(placement_.key(rt.layer, rt.experts[part.slots[p]]))];
       }
       stats_.per_shard_pairs[s] += static_cast<int64_t>(part.slots.size());
+      stats_.per_layer_shard_pairs[static_cast<size_t>(rt.layer) * n_shards + s] += static_cast<int64_t>(part.slots.size());
       const double secs = r.getMicros() * 1e-6;
       stats_.shard_seconds += secs;
       slowest_shard = std::max(slowest_shard, secs);

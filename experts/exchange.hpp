@@ -66,6 +66,9 @@ struct expert_exchange_stats {
   double last_recovery_seconds = 0;  // from a failed call to the layer's completion
   std::vector<int64_t> per_shard_pairs;   // pairs each shard computed
   std::vector<int64_t> per_expert_pairs;  // [layer][expert]
+  // [layer][shard], since the last rebalance: how evenly the shards share each layer's pairs.
+  std::vector<int64_t> per_layer_shard_pairs;
+  double shard_imbalance() const;  // max over mean per layer, averaged over layers that routed any
 };
 
 class expert_exchange final : public cpu::expert_ffn {
@@ -99,7 +102,7 @@ class expert_exchange final : public cpu::expert_ffn {
   std::vector<char> live_, fenced_;
   std::vector<std::vector<clock::time_point>> failures_;  // per shard, within the window
   std::vector<clock::time_point> last_try_;              // per shard: the last revival attempt
-  std::vector<int64_t> load_;  // pairs per shard so far (assign_pairs' running load)
+  std::vector<int64_t> load_;  // [layer][shard]: pairs so far (assign_pairs' running load; each layer waits for its slowest shard)
   expert_exchange_stats stats_;
   std::vector<float> slots_;
   // Shared with other threads.

@@ -86,6 +86,33 @@ server_metrics::server_metrics(const runtime_config& c, int32_t kv_block_size)
                          .Register(*registry_).Add({})),
       shard_restarts_(prometheus::BuildCounter().Name(name(c, "shard_restarts_total"))
                           .Help("Model shard crashes its supervisor restarted").Register(*registry_).Add({})),
+      expert_pairs_(prometheus::BuildCounter().Name(name(c, "expert_pairs_total"))
+                        .Help("MoE: token-expert pairs computed on expert shards, by expert (all layers)")
+                        .Register(*registry_)),
+      expert_shard_pairs_(prometheus::BuildCounter().Name(name(c, "expert_shard_pairs_total"))
+                              .Help("MoE: token-expert pairs each expert shard computed").Register(*registry_)),
+      expert_failures_(prometheus::BuildCounter().Name(name(c, "expert_shard_failures_total"))
+                           .Help("MoE: calls to an expert shard that failed (its pairs went to replicas or waited for it)")
+                           .Register(*registry_)),
+      expert_revivals_(prometheus::BuildCounter().Name(name(c, "expert_shard_revivals_total"))
+                           .Help("MoE: failed expert shards brought back (restarted, reconnected)").Register(*registry_)),
+      expert_rebalances_(prometheus::BuildCounter().Name(name(c, "expert_rebalances_total"))
+                             .Help("MoE: times hot experts were replicated from the measured load").Register(*registry_)),
+      expert_calls_(prometheus::BuildCounter().Name(name(c, "expert_layer_calls_total"))
+                        .Help("MoE: layer calls dispatched to expert shards").Register(*registry_)),
+      expert_dispatch_(prometheus::BuildCounter().Name(name(c, "expert_dispatch_seconds_total"))
+                           .Help("MoE: time of layer calls beyond their slowest shard's compute").Register(*registry_)),
+      expert_wire_bytes_(prometheus::BuildCounter().Name(name(c, "expert_wire_bytes_total"))
+                             .Help("MoE: serialized bytes to (out) and from (in) expert shards").Register(*registry_)),
+      expert_shards_(prometheus::BuildGauge().Name(name(c, "expert_shards"))
+                         .Help("MoE: expert shards by state (live, fenced)").Register(*registry_)),
+      expert_replicas_(prometheus::BuildGauge().Name(name(c, "expert_replicas"))
+                           .Help("MoE: expert copies beyond one per expert and layer").Register(*registry_)),
+      expert_imbalance_(prometheus::BuildGauge().Name(name(c, "expert_shard_imbalance"))
+                            .Help("MoE: max over mean pairs per shard, per layer, since the last rebalance")
+                            .Register(*registry_)),
+      expert_recovery_(prometheus::BuildGauge().Name(name(c, "expert_last_recovery_seconds"))
+                           .Help("MoE: from the last failed shard call to its layer's completion").Register(*registry_)),
       prefix_hits_(prometheus::BuildCounter().Name(name(c, "prefix_cache_hits_total"))
                        .Help("KV blocks found in the prefix cache").Register(*registry_).Add({})),
       prefix_queries_(prometheus::BuildCounter().Name(name(c, "prefix_cache_queries_total"))
@@ -209,6 +236,7 @@ void server_metrics::update(const runtime_stats& s) {
   follow(prefix_hits_, static_cast<double>(s.prefix_hit_blocks));
   follow(prefix_queries_, static_cast<double>(s.prefix_hit_blocks + s.prefix_miss_blocks));
   follow(evictions_, static_cast<double>(s.evictions));
+  if (s.experts.shards > 0) update_experts(s.experts);
   // The step-time histogram: the runtime's bucket counts grew by this much since the last update.
   if (s.step_time_counts.size() == step_bounds_seconds_.size() + 1) {
     step_counts_seen_.resize(s.step_time_counts.size());
@@ -222,6 +250,27 @@ void server_metrics::update(const runtime_stats& s) {
     if (grew) step_time_.ObserveMultiple(increments, std::max(s.step_seconds - step_seconds_seen_, 0.0));
     step_seconds_seen_ = std::max(step_seconds_seen_, s.step_seconds);
   }
+}
+
+void server_metrics::update_experts(const runtime_stats::experts_stats& e) {
+  for (size_t i = 0; i < e.pairs_per_expert.size(); ++i) {
+    follow(expert_pairs_.Add({{"expert", std::to_string(i)}}), static_cast<double>(e.pairs_per_expert[i]));
+  }
+  for (size_t i = 0; i < e.pairs_per_shard.size(); ++i) {
+    follow(expert_shard_pairs_.Add({{"shard", std::to_string(i)}}), static_cast<double>(e.pairs_per_shard[i]));
+  }
+  follow(expert_failures_.Add({}), static_cast<double>(e.failures));
+  follow(expert_revivals_.Add({}), static_cast<double>(e.revivals));
+  follow(expert_rebalances_.Add({}), static_cast<double>(e.rebalances));
+  follow(expert_calls_.Add({}), static_cast<double>(e.calls));
+  follow(expert_dispatch_.Add({}), e.dispatch_seconds);
+  follow(expert_wire_bytes_.Add({{"direction", "out"}}), static_cast<double>(e.bytes_out));
+  follow(expert_wire_bytes_.Add({{"direction", "in"}}), static_cast<double>(e.bytes_in));
+  expert_shards_.Add({{"state", "live"}}).Set(e.live);
+  expert_shards_.Add({{"state", "fenced"}}).Set(e.fenced);
+  expert_replicas_.Add({}).Set(static_cast<double>(e.replicas));
+  expert_imbalance_.Add({}).Set(e.shard_imbalance);
+  expert_recovery_.Add({}).Set(e.last_recovery_seconds);
 }
 
 std::string server_metrics::text() const {

@@ -17,6 +17,11 @@
 //   _prefill_tokens_processed_total, _decode_tokens_processed_total, _step_time_seconds
 //   (histogram), _refusals_after_admission_total, _shard_restarts_total, _prefix_cache_*_total,
 //   _kv_evictions_total, _backend_up.
+// With MoE experts on expert shards: _expert_pairs_total{expert} (token-expert pairs, all
+//   layers), _expert_shard_pairs_total{shard}, _expert_shards{state: live, fenced},
+//   _expert_shard_failures_total, _expert_shard_revivals_total, _expert_rebalances_total,
+//   _expert_replicas, _expert_shard_imbalance, _expert_wire_bytes_total{direction: out, in},
+//   _expert_dispatch_seconds_total, _expert_layer_calls_total, _expert_last_recovery_seconds.
 //
 // The Gateway API Inference Extension's model-server protocol reads _num_requests_waiting
 // (TotalQueuedRequests), _num_requests_running (TotalRunningRequests), _kv_cache_usage_perc
@@ -103,6 +108,11 @@ class server_metrics {
   prometheus::Counter& decode_processed_;
   prometheus::Counter& late_refusals_;
   prometheus::Counter& shard_restarts_;
+  // MoE experts on expert shards: series added at the first update that has shards.
+  prometheus::Family<prometheus::Counter>&expert_pairs_, &expert_shard_pairs_, &expert_failures_, &expert_revivals_,
+      &expert_rebalances_, &expert_calls_, &expert_dispatch_, &expert_wire_bytes_;
+  prometheus::Family<prometheus::Gauge>&expert_shards_, &expert_replicas_, &expert_imbalance_, &expert_recovery_;
+  void update_experts(const runtime_stats::experts_stats& e);
   prometheus::Counter& prefix_hits_;
   prometheus::Counter& prefix_queries_;
   prometheus::Counter& evictions_;

@@ -134,11 +134,13 @@ int main(int argc, char** argv) {
       const double tokens = static_cast<double>(std::max<int64_t>(x.tokens, 1));
       std::fprintf(stderr, "expert shards: %d (%d live, %d fenced); %lld layer calls; %.0f request + %.0f reply bytes per "
                    "token row on the wire; dispatch overhead %.1f us per layer call (shards computing: %.1f us); "
-                   "%lld failures, %lld revivals, %lld replicas, last recovery %.1f ms; pairs per shard:", x.shards, x.live, x.fenced,
+                   "%lld failures, %lld revivals, %lld replicas, last recovery %.1f ms; shard imbalance %.3f (max/mean per layer, "
+                   "since the last of %lld rebalances); pairs per shard:", x.shards, x.live, x.fenced,
                    static_cast<long long>(x.calls), x.bytes_out / tokens, x.bytes_in / tokens,
                    1e6 * x.dispatch_seconds / std::max<int64_t>(x.calls, 1),
                    1e6 * x.shard_seconds / std::max<int64_t>(x.calls, 1), static_cast<long long>(x.failures),
-                   static_cast<long long>(x.revivals), static_cast<long long>(x.replicas), 1e3 * x.last_recovery_seconds);
+                   static_cast<long long>(x.revivals), static_cast<long long>(x.replicas), 1e3 * x.last_recovery_seconds, x.shard_imbalance(),
+                   static_cast<long long>(x.rebalances));
       for (int64_t n : x.per_shard_pairs) std::fprintf(stderr, " %lld", static_cast<long long>(n));
       std::fputc('\n', stderr);
     }

@@ -15,6 +15,7 @@
 #include <kj/async-unix.h>
 #include <netdb.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -118,11 +119,15 @@ int supervise(const options& o, int fd, int max_restarts, std::chrono::milliseco
     if (child == 0) {
       ::signal(SIGTERM, SIG_DFL);
       ::signal(SIGINT, SIG_DFL);
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);  // never outlive the supervisor
+      if (::getppid() == 1) std::_Exit(0);
       std::_Exit(serve(o, fd));
     }
     g_child = child;
+    if (g_stop) ::kill(child, SIGTERM);  // a signal that came before g_child was set
     int status = 0;
     while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+      if (g_stop) ::kill(child, SIGTERM);
     }
     g_child = 0;
     if (g_stop || (WIFEXITED(status) && WEXITSTATUS(status) == 0)) return 0;

@@ -97,6 +97,17 @@ struct runtime_stats {
   // Why nothing can be served ("" while it can): the model shard crashed more often than
   // backend.max_shard_restarts allows. Every request then fails at once; restart the process.
   std::string backend_problem;
+  // MoE experts on expert shards (backend.expert_shards or expert_shard_addresses); shards == 0
+  // otherwise. Totals since start.
+  struct experts_stats {
+    int32_t shards = 0, live = 0, fenced = 0;
+    int64_t calls = 0, tokens = 0, bytes_out = 0, bytes_in = 0;
+    int64_t failures = 0, revivals = 0, rebalances = 0, replicas = 0;
+    double dispatch_seconds = 0, last_recovery_seconds = 0;
+    double shard_imbalance = 1;  // max/mean pairs per shard, per layer, since the last rebalance
+    std::vector<int64_t> pairs_per_shard;
+    std::vector<int64_t> pairs_per_expert;  // summed over layers
+  } experts;
 };
 
 class runtime {

@@ -15,7 +15,10 @@ skewed router), cached under ~/.cache/tireless/models. Greedy text through tirel
 5. a shard whose supervisor gives up is fenced and its experts move: same text;
 6. rebalancing replicates hot experts (same text, replicas made);
 7. across two network namespaces joined by a veth pair (root only; skipped otherwise);
-8. bad setups get clear errors: a dense model, no shard listening, a shard on another model.
+8. bad setups get clear errors: a dense model, no shard listening, a shard on another model;
+9. tireless-serve with backend.expert_shard_addresses under concurrent HTTP requests, a
+   supervised shard's child killed mid-load: every request completes, and /metrics shows the
+   failure, the revival, the recovery time and the per-expert counts.
 
 Exits 77 (skipped) without the model, numpy or gguf.
 """
@@ -137,6 +140,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", required=True)
     ap.add_argument("--model", required=True)
+    ap.add_argument("--server", help="tireless-serve (case 9)")
+    ap.add_argument("--config", help="its shipped config (case 9)")
     a = ap.parse_args(argv)
     if not os.path.exists(a.model):
         print(f"skipped: no model at {a.model} (scripts/fetch-model)")
@@ -252,10 +257,78 @@ def main(argv=None) -> int:
                                                                           f"{p.stderr.strip()[:160]}")
                 finally:
                     other.stop()
+
+            # 9. tireless-serve over shard processes, a shard killed under load
+            if a.server and a.config:
+                serve_under_load(a, moe, shards, tmp)
         finally:
             shards.stop()
     print(f"{len(failures)} failure(s)")
     return 1 if failures else 0
+
+
+def serve_under_load(a, moe: str, shards: Shards, tmp: str) -> None:
+    sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
+    import threading
+    import urllib.error
+    import urllib.request
+    import json
+    from harness import Server  # noqa: E402
+
+    _, a0 = shards.start("--shard", "0", "--of", "2")
+    sup, a1 = shards.start("--shard", "1", "--of", "2", "--supervise")
+    time.sleep(0.5)
+    child = int(subprocess.run(["pgrep", "-P", str(sup.pid)], capture_output=True, text=True).stdout.split()[0])
+    server = Server(a.server, a.config, tmp, http=True, name="moe-server",
+                    overrides={("model", "path"): moe, ("backend", "expert_shard_addresses"): [a0, a1],
+                               ("backend", "threads"): 1})
+    try:
+        results: list = [None] * 6
+
+        def ask(i: int) -> None:
+            body = {"model": "smollm2", "max_tokens": 48, "temperature": 0,
+                    "messages": [{"role": "user", "content": f"Tell me a short story about the number {i}."}]}
+            req = urllib.request.Request(server.base_url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json",
+                                                  "Authorization": "Bearer sk-premium-demo"})
+            try:
+                with urllib.request.urlopen(req, timeout=600) as r:
+                    results[i] = json.load(r)
+            except urllib.error.HTTPError as e:
+                results[i] = f"HTTP {e.code}: {e.read().decode()[:200]}"
+            except Exception as e:  # noqa: BLE001
+                results[i] = repr(e)
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(results))]
+        for t in threads:
+            t.start()
+        time.sleep(1.5)
+        os.kill(child, signal.SIGKILL)
+        for t in threads:
+            t.join()
+        ok = [r for r in results if isinstance(r, dict) and r["choices"][0]["finish_reason"] in ("stop", "length")
+              and r["choices"][0]["message"]["content"].strip()]
+        check(len(ok) == len(results), f"tireless-serve over 2 shard processes, one killed under load: "
+                                       f"{len(ok)} of {len(results)} requests completed "
+                                       f"({['ok' if isinstance(r, dict) else r for r in results]})")
+        with urllib.request.urlopen(server.base_url + "/metrics", timeout=30) as r:
+            metrics = r.read().decode()
+
+        def value(name: str) -> float:
+            m = re.search(rf"^tireless_{name} ([0-9.e+-]+)$", metrics, re.M)
+            return float(m.group(1)) if m else -1.0
+
+        experts = re.findall(r'^tireless_expert_pairs_total\{expert="(\d+)"\} ([0-9.e+]+)$', metrics, re.M)
+        check(value("expert_shard_failures_total") >= 1 and value("expert_shard_revivals_total") >= 1
+              and value("expert_last_recovery_seconds") > 0 and len(experts) == 8
+              and sum(float(v) for _, v in experts) > 0,
+              f"/metrics: {value('expert_shard_failures_total'):.0f} failure(s), "
+              f"{value('expert_shard_revivals_total'):.0f} revival(s), recovery "
+              f"{value('expert_last_recovery_seconds') * 1e3:.0f} ms, pairs per expert "
+              f"{[int(float(v)) for _, v in experts]}")
+    finally:
+        server.stop()
+        shards.stop()
 
 
 def netns_pair() -> tuple[str, str] | None:
