@@ -262,15 +262,7 @@ void expert_exchange::run(const cpu::routed_tokens& rt, float* out, int64_t ld_o
       slowest_shard = std::max(slowest_shard, secs);
     }
   }
-  for (int64_t t = 0; t < rt.n_tokens; ++t) {
-    float* o = out + t * ld_out;
-    std::fill(o, o + width_, 0.0f);
-    for (int32_t j = 0; j < rt.k; ++j) {
-      const float gate = rt.gates[t * rt.k + j];
-      const float* y = &slots_[(t * rt.k + j) * width_];
-      for (int64_t c = 0; c < width_; ++c) o[c] += gate * y[c];
-    }
-  }
+  cpu::combine_slots(rt, slots_.data(), width_, out, ld_out);
   const auto end = clock::now();
   ++stats_.calls;
   stats_.dispatch_seconds += std::max(0.0, std::chrono::duration<double>(end - start).count() - slowest_shard);

@@ -19,6 +19,20 @@ struct routed_tokens {
   int32_t k = 0;
 };
 
+// out[t] = Σ_j gates[t][j] · slots[t * k + j], j = 0..k-1 in order: the one combine, wherever
+// the slots were computed.
+inline void combine_slots(const routed_tokens& rt, const float* slots, int64_t width, float* out, int64_t ld_out) {
+  for (int64_t t = 0; t < rt.n_tokens; ++t) {
+    float* o = out + t * ld_out;
+    for (int64_t c = 0; c < width; ++c) o[c] = 0.0f;
+    for (int32_t j = 0; j < rt.k; ++j) {
+      const float gate = rt.gates[t * rt.k + j];
+      const float* y = slots + (t * rt.k + j) * width;
+      for (int64_t c = 0; c < width; ++c) o[c] += gate * y[c];
+    }
+  }
+}
+
 class expert_ffn {
  public:
   virtual ~expert_ffn() = default;

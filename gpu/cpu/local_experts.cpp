@@ -146,15 +146,7 @@ void local_experts::compute_pairs(int32_t layer, const float* x, int64_t ld, int
 
 void local_experts::run(const routed_tokens& rt, float* out, int64_t ld_out) {
   compute_slots(rt, slots_.data());
-  for (int64_t t = 0; t < rt.n_tokens; ++t) {
-    float* o = out + t * ld_out;
-    std::fill(o, o + n_embd_, 0.0f);
-    for (int32_t j = 0; j < rt.k; ++j) {
-      const float gate = rt.gates[t * rt.k + j];
-      const float* y = &slots_[(t * rt.k + j) * n_embd_];
-      for (int64_t c = 0; c < n_embd_; ++c) o[c] += gate * y[c];
-    }
-  }
+  combine_slots(rt, slots_.data(), n_embd_, out, ld_out);
 }
 
 }  // namespace tireless::cpu
