@@ -5,13 +5,15 @@
 #include <kj/debug.h>
 #include <unistd.h>
 
-#include <future>
+#include <condition_variable>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include "experts/expert_service.hpp"
+#include "server/kj_bridge.hpp"
 #include "model/model.hpp"
 
 namespace tireless {
@@ -89,7 +91,6 @@ struct rpc_transport::impl {
   std::vector<std::string> addresses;
   std::chrono::milliseconds call_timeout;
   std::thread thread;
-  const kj::Executor* executor = nullptr;
   kj::Own<kj::CrossThreadPromiseFulfiller<void>> stop;
   // The loop thread's own.
   kj::AsyncIoProvider* io = nullptr;
@@ -130,14 +131,43 @@ struct rpc_transport::impl {
     KJ_FAIL_REQUIRE("expert shard is not connected", addresses[i]);
   }
 
+  // Runs f (returning a kj::Promise<void>) on the loop and waits for its promise; a kj
+  // exception comes back as std::runtime_error. The hand-over is a std::mutex queue and a
+  // condition variable (server/kj_bridge.hpp), not kj::Executor: ThreadSanitizer sees pthread's
+  // synchronization but not kj's futexes, so every byte the caller and the loop share is
+  // ordered where it can check it.
   template <class F>
-  auto on_loop(F&& f) {
-    try {
-      return executor->executeSync(std::forward<F>(f));
-    } catch (const kj::Exception& e) {
-      throw std::runtime_error(e.getDescription().cStr());
-    }
+  void on_loop(F&& f) {
+    struct job {
+      std::mutex mu;
+      std::condition_variable cv;
+      bool done = false;
+      std::string error;
+      void finish(std::string e) {
+        {
+          std::lock_guard lock(mu);
+          error = std::move(e);
+          done = true;
+        }
+        cv.notify_one();
+      }
+    };
+    auto j = std::make_shared<job>();
+    bridge.post([this, j, &f] {
+      tasks->add(kj::evalNow([&] { return f(); })
+                     .then([j] { j->finish(""); },
+                           [j](kj::Exception&& e) { j->finish(e.getDescription().cStr()); }));
+    });
+    std::unique_lock lock(j->mu);
+    j->cv.wait(lock, [&] { return j->done; });
+    if (!j->error.empty()) throw std::runtime_error(j->error);
   }
+
+  struct ignore_errors final : kj::TaskSet::ErrorHandler {
+    void taskFailed(kj::Exception&&) override {}  // each task reports its own error to its caller
+  } task_errors;
+  kj_bridge bridge;
+  kj::Own<kj::TaskSet> tasks;  // the loop's
 };
 
 rpc_transport::rpc_transport(std::vector<std::string> addresses, std::chrono::milliseconds connect_wait,
@@ -147,21 +177,33 @@ rpc_transport::rpc_transport(std::vector<std::string> addresses, std::chrono::mi
   if (addresses.empty()) throw std::invalid_argument("rpc_transport: no expert shard addresses");
   m.addresses = std::move(addresses);
   m.call_timeout = call_timeout;
-  std::promise<void> ready;
-  auto started = ready.get_future();
-  m.thread = std::thread([&m, &ready] {
+  // A mutex and condition variable, not std::promise: ThreadSanitizer sees pthread's
+  // synchronization but not the futex inside an uninstrumented libstdc++'s future.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool ready = false;
+  m.thread = std::thread([&m, &mu, &cv, &ready] {
     auto io = kj::setupAsyncIo();
     m.io = io.provider.get();
     m.conns.resize(m.addresses.size());
-    m.executor = &kj::getCurrentThreadExecutor();
+    m.tasks = kj::heap<kj::TaskSet>(m.task_errors);
+    auto pump = m.bridge.pump().eagerlyEvaluate(nullptr);
     auto pf = kj::newPromiseAndCrossThreadFulfiller<void>();
     m.stop = kj::mv(pf.fulfiller);
-    ready.set_value();
+    {
+      std::lock_guard lock(mu);
+      ready = true;
+    }
+    cv.notify_one();
     pf.promise.wait(io.waitScope);
+    m.tasks = nullptr;
     m.conns.clear();
     m.io = nullptr;
   });
-  started.wait();
+  {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return ready; });
+  }
   for (size_t i = 0; i < m.addresses.size(); ++i) {
     if (revive(static_cast<int32_t>(i), connect_wait)) continue;
     m.stop->fulfill();  // the destructor does not run for a constructor that throws
@@ -222,7 +264,10 @@ bool rpc_transport::revive(int32_t shard, std::chrono::milliseconds wait) {
     });
     return true;
   } catch (const std::runtime_error&) {
-    m.on_loop([&] { m.conns[i].broken = true; });
+    m.on_loop([&]() -> kj::Promise<void> {
+      m.conns[i].broken = true;
+      return kj::READY_NOW;
+    });
     return false;
   }
 }

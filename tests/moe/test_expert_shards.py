@@ -17,7 +17,7 @@ skewed router), cached under ~/.cache/tireless/models. Greedy text through tirel
 7. across two network namespaces joined by a veth pair (root only; skipped otherwise);
 8. bad setups get clear errors: a dense model, no shard listening, a shard on another model;
 9. tireless-serve with backend.expert_shard_addresses under concurrent HTTP requests, a
-   supervised shard's child killed mid-load: every request completes, and /metrics shows the
+   supervised shard's child killed while they run: every request completes, and /metrics shows the
    failure, the revival, the recovery time and the per-expert counts.
 
 Exits 77 (skipped) without the model, numpy or gguf.
@@ -286,8 +286,8 @@ def serve_under_load(a, moe: str, shards: Shards, tmp: str) -> None:
         results: list = [None] * 6
 
         def ask(i: int) -> None:
-            body = {"model": "smollm2", "max_tokens": 48, "temperature": 0,
-                    "messages": [{"role": "user", "content": f"Tell me a short story about the number {i}."}]}
+            body = {"model": "smollm2", "max_tokens": 160, "temperature": 0,
+                    "messages": [{"role": "user", "content": f"Write a long story about the number {i}."}]}
             req = urllib.request.Request(server.base_url + "/v1/chat/completions", data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json",
                                                   "Authorization": "Bearer sk-premium-demo"})
@@ -302,7 +302,14 @@ def serve_under_load(a, moe: str, shards: Shards, tmp: str) -> None:
         threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(results))]
         for t in threads:
             t.start()
-        time.sleep(1.5)
+        # kill once the shards are working on the requests (the server has dispatched layer calls)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            with urllib.request.urlopen(server.base_url + "/metrics", timeout=30) as r:
+                if re.search(r"^tireless_expert_layer_calls_total [1-9]", r.read().decode(), re.M):
+                    break
+            time.sleep(0.05)
+        time.sleep(0.3)
         os.kill(child, signal.SIGKILL)
         for t in threads:
             t.join()
