@@ -75,6 +75,7 @@ std::vector<expert_transport::reply> actor_expert_transport::exchange(
   for (auto& [i, p] : pending) {
     p.receive([&, i = i](const expert_reply_msg& r) { out[i].msg = r; },
               [&, i = i](caf::error& e) { out[i].error = to_string(e); });
+    out[i].at = clock::now();
   }
   return out;
 }

@@ -17,7 +17,7 @@
 #include "actors/session.hpp"
 #include "config/resolved_limits.hpp"
 #include "gpu/cpu/cpu_backend.hpp"
-#include "gpu/sim/sim_backend.hpp"
+#include "actors/sim_config.hpp"
 #include "model/model.hpp"
 
 namespace tireless {
@@ -57,13 +57,7 @@ template <class Impl>
 std::shared_ptr<backend> make_backend(Impl& r) {
   const runtime_config& c = r.cfg;
   if (c.backend.kind == backend_kind::sim) {
-    sim::sim_profile profile = sim::named_profile(c.backend.sim_profile);
-    r.lim = resolve_limits(c, {profile.limits.max_context, profile.kv.bytes_per_block / profile.kv.block_size});
-    profile.kv.block_size = c.kv.block_size;
-    profile.kv.n_blocks = r.lim.kv_blocks;
-    profile.limits.max_context = r.lim.max_context;
-    auto sim = std::make_shared<sim::sim_backend>(profile);
-    return sim;
+    return make_configured_sim(c, r.lim, false);
   }
   if (c.backend.kind == backend_kind::cuda) {
     throw std::runtime_error("backend.kind = \"cuda\": this build runs the cpu and sim backends only "
@@ -77,6 +71,7 @@ std::shared_ptr<backend> make_backend(Impl& r) {
   if (mc.is_moe() && (c.backend.expert_shards > 0 || !c.backend.expert_shard_addresses.empty())) {
     r.experts = make_expert_exchange(r, mc);
     o.experts = r.experts.get();
+    o.overlap = c.backend.expert_overlap;
   }
   o.threads = c.backend.threads;
   o.block_size = c.kv.block_size;

@@ -20,6 +20,7 @@ struct shard_state {
   shard_options o;
   std::mt19937_64 rng;
   caf::actor_clock::time_point slow_until{};  // in a slow spell until then
+  caf::actor_clock::time_point started{};     // the sim's conditions over time count from here
   step_result result;
   uint64_t steps = 0;
   // simulated: replies waiting for their virtual step time to pass
@@ -38,10 +39,11 @@ step_reply_msg run_step(shard_state& st, const step_request_msg& req, double& se
   step_storage& storage = *st.o.storage;
   unpack(r, storage);
   if (!storage.copies.empty()) st.o.model->copy_blocks(storage.copies);
+  auto* sim = dynamic_cast<sim::sim_backend*>(st.o.model.get());
+  if (sim) sim->set_time(std::chrono::duration<double>(now - st.started).count());
   const auto t0 = std::chrono::steady_clock::now();
   st.o.model->execute(storage.batch, st.result);
   seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  auto* sim = dynamic_cast<sim::sim_backend*>(st.o.model.get());
   if (sim) seconds = sim->last_step_seconds();
   // Injected faults: the step ran (its KV is written) but its answer is lost with the shard.
   if (chance(st, st.o.crash_probability)) throw std::runtime_error("injected shard crash");
@@ -65,6 +67,7 @@ caf::behavior step_shard(caf::stateful_actor<shard_state>* self, shard_options o
   self->state.o = std::move(o);
   if (!self->state.o.storage) self->state.o.storage = std::make_shared<step_storage>();
   self->state.rng.seed(self->state.o.seed);
+  self->state.started = self->clock().now();
   return {
       [=](const step_request_msg& req) -> caf::result<step_reply_msg> {
         double seconds = 0;

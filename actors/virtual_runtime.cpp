@@ -7,7 +7,7 @@
 #include "actors/intake.hpp"
 #include "actors/messages.hpp"
 #include "actors/pipeline.hpp"
-#include "gpu/sim/sim_backend.hpp"
+#include "actors/sim_config.hpp"
 
 namespace tireless {
 
@@ -37,14 +37,7 @@ virtual_runtime::virtual_runtime(const runtime_config& config) : impl_(std::make
   if (m.cfg.backend.kind != backend_kind::sim) {
     throw std::runtime_error("the virtual-time runtime runs the sim backend only: set backend.kind = \"sim\"");
   }
-  sim::sim_profile profile = sim::named_profile(m.cfg.backend.sim_profile);
-  m.lim = resolve_limits(m.cfg, {profile.limits.max_context, profile.kv.bytes_per_block / profile.kv.block_size});
-  profile.kv.block_size = m.cfg.kv.block_size;
-  profile.kv.n_blocks = m.lim.kv_blocks;
-  profile.limits.max_context = m.lim.max_context;
-  profile.limits.max_step_tokens = std::max(profile.limits.max_step_tokens, m.cfg.engine.max_step_tokens);
-  profile.limits.max_step_seqs = std::max(profile.limits.max_step_seqs, m.cfg.engine.max_step_seqs);
-  m.be = std::make_shared<sim::sim_backend>(profile);
+  m.be = make_configured_sim(m.cfg, m.lim, true);
   m.sys_cfg.set("scheduler.policy", caf::atom("testing"));
   m.sys = std::make_unique<caf::actor_system>(m.sys_cfg);
   m.sched = &dynamic_cast<caf::scheduler::test_coordinator&>(m.sys->scheduler());

@@ -2,7 +2,8 @@
 # Experts in tireless-shard processes on this machine's loopback: decode tokens/s, dispatch
 # overhead per MoE layer call, bytes on the wire per token row, for 1, 2 and 4 shard processes
 # (f32 and f16 activations); shard imbalance on the skewed router before and after rebalancing;
-# recovery time when a shard is killed (replicas; a supervised restart).
+# recovery time when a shard is killed (replicas; a supervised restart); with and without
+# overlap (two micro-batches in ping-pong), tokens/s and each shard's idle share at a batch of 8.
 #
 #   bench/expert_shards.sh [TOKENS]     (default 256; writes bench/results/expert_shards.txt)
 #
@@ -49,6 +50,18 @@ run() {  # label, args...: prints one table row
   printf "| %-34s | %7s | %9s | %7s | %7s | %9s |\n" "$label" "$tps" "${disp:--}" "${req:--}" "${rep:--}" "${imb:--}"
 }
 
+run_overlap() {  # label, args...: one row of the overlap table
+  local label=$1; shift
+  local err
+  err=$($B/tireless-generate -m "$M" -t 1 -n "$n" --batch 8 --prompt "$prompt" "$@" 2>&1 >/dev/null)
+  local tps wait idle calls
+  tps=$(sed -n 's/.*generated [0-9]* tokens, \([0-9.]*\) tok\/s.*/\1/p' <<<"$err")
+  calls=$(sed -n 's/.*expert overlap: [a-z]*, \([0-9]* of [0-9]*\) layer calls.*/\1/p' <<<"$err")
+  wait=$(sed -n 's/.*waiting for shards \([0-9.]*%\).*/\1/p' <<<"$err")
+  idle=$(sed -n 's/.*each shard idle \(.*\)$/\1/p' <<<"$err")
+  printf "| %-30s | %7s | %-13s | %8s | %-27s |\n" "$label" "$tps" "$calls" "$wait" "$idle"
+}
+
 {
 echo "# bench/expert_shards.sh $n on $(nproc) cores, $(date -u +%Y-%m-%d)"
 echo "# model: SmolLM2-135M upcycled to 8 experts, 2 per token (perturb 0.05, Zipf skew 1); one sequence, greedy, $n tokens"
@@ -69,8 +82,24 @@ for count in 1 2 4; do
   stop_shards
 done
 echo
+echo "Overlap: 8 sequences of the prompt at once, each step split into two micro-batches of 4 (--overlap):"
+echo "one's attention runs here while the other's experts run on the shards."
+echo
+echo "| setup                          | tok/s   | overlapped    | waiting  | each shard idle             |"
+echo "|                                | decode  | layer calls   | for shards | (share of the run)        |"
+echo "|--------------------------------|---------|---------------|----------|-----------------------------|"
+for count in 2 4; do
+  start_shards $count
+  for rep in 1 2; do
+    run_overlap "$count shards, batch 8, no overlap" "${addrs[@]}"
+    run_overlap "$count shards, batch 8, overlap" "${addrs[@]}" --overlap
+  done
+  stop_shards
+done
+echo
 echo "dispatch: the time a MoE layer call takes beyond its slowest shard's compute (RPC, copies, combine)."
 echo "B/token: serialized Cap'n Proto request and reply bytes per token row sent to a shard."
 echo "imbalance: max over mean of the (token, expert) pairs each shard computed, per layer, averaged over"
 echo "layers, since the last rebalance (rebalanced rows: the second half of the run)."
+echo "waiting for shards: the attention side blocked on replies; shard idle: 1 - its compute time / the run's wall time."
 } | tee bench/results/expert_shards.txt

@@ -181,9 +181,31 @@ backend_settings read_backend(table_reader& r) {
                      fmt::format("\"{}\": expected \"f32\" (exact) or \"f16\" (half the bytes on the wire)", a));
     }
   }
+  r.read("expert_overlap", s.expert_overlap);
   r.read("expert_replicas_per_shard", s.expert_replicas_per_shard, {0, 1024, "experts per shard and layer"});
   r.read("expert_rebalance_every_steps", s.expert_rebalance_every_steps, {0, int64_t{1} << 40, "steps; 0 = never"});
   r.read("expert_call_timeout_ms", s.expert_call_timeout, {1, 3'600'000, "milliseconds"});
+  if (const toml::table* t = r.sub_table("expert_parallel")) {
+    table_reader e(*t, r.key_path("expert_parallel"), r.diag());
+    auto& o = s.expert_parallel;
+    const auto int_key = [&](std::string_view key, std::optional<int32_t>& out, int_range range) {
+      if (int32_t v = 0; e.read(key, v, range)) out = v;
+    };
+    const auto real_key = [&](std::string_view key, std::optional<double>& out, real_range range) {
+      if (double v = 0; e.read(key, v, range)) out = v;
+    };
+    int_key("degree", o.degree, {1, 1'000'000, "devices"});
+    int_key("moe_layers", o.moe_layers, {1, 10'000, "layers"});
+    int_key("hidden", o.hidden, {1, 1'000'000, "elements"});
+    real_key("remote_copies", o.remote_copies, {0.0, 1e6});
+    real_key("dispatch_bytes", o.dispatch_bytes, {0.0, 64.0});
+    real_key("combine_bytes", o.combine_bytes, {0.0, 64.0});
+    real_key("link_gbytes_per_s", o.link_gbytes_per_s, {0.0, 1e6, false, true});
+    real_key("link_latency_us", o.link_latency_us, {0.0, 1e7});
+    real_key("expert_share", o.expert_share, {0.0, 1.0});
+    if (bool v = true; e.read("overlap", v)) o.overlap = v;
+    e.finish();
+  }
   r.read("max_shard_restarts", s.max_shard_restarts, {0, 1'000'000, "restarts"});
   r.read("shard_restart_window_ms", s.shard_restart_window, {1, 86'400'000, "milliseconds"});
   if (s.kind == backend_kind::sim) {
@@ -506,6 +528,19 @@ fault_settings read_faults(table_reader& r) {
   r.read("shard_slow_ms", s.shard_slow, {0, 3'600'000, "milliseconds"});
   r.read("shard_slow_factor", s.shard_slow_factor, {1.0, 1000.0});
   r.read("seed", s.seed, {0, INT64_MAX, "a seed"});
+  const auto events = r.tables("expert_group");
+  for (size_t i = 0; i < events.size(); ++i) {
+    if (!events[i]) continue;
+    table_reader e(*events[i], fmt::format("{}[{}]", r.key_path("expert_group"), i), r.diag());
+    fault_settings::expert_group_event ev;
+    e.read("at_s", ev.at_s, {0.0, 1e9}, need::required);
+    e.read("for_s", ev.for_s, {0.0, 1e9});
+    e.read("down", ev.down, {0, 1'000'000, "devices"});
+    e.read("imbalance", ev.imbalance, {1.0, 1e6});
+    e.read("stall_ms", ev.stall_ms, {0.0, 3.6e6});
+    e.finish();
+    s.expert_group.push_back(ev);
+  }
   if (s.any()) r.diag().warn(r.key_path("shard_crash_per_step"), "faults are injected on purpose ([faults])");
   return s;
 }

@@ -92,6 +92,17 @@ struct backend_settings {
   // each holds come from its own command line.
   std::vector<std::string> expert_shard_addresses;
   bool expert_activations_f16 = false;       // activations on the wire: f32 (exact) or f16
+  // Shard processes only: split a step of several sequences into two micro-batches, one's
+  // attention here while the other's experts run (ping-pong).
+  bool expert_overlap = false;
+  // Sim only ([backend.expert_parallel]): the expert-parallel group the simulated device is
+  // one of; each key given overrides the profile's (h200-k2 has one, cpu-smollm2 none).
+  struct expert_parallel_overrides {
+    std::optional<int32_t> degree, moe_layers, hidden;
+    std::optional<double> remote_copies, dispatch_bytes, combine_bytes, link_gbytes_per_s, link_latency_us,
+        expert_share;
+    std::optional<bool> overlap;
+  } expert_parallel;
   int32_t expert_replicas_per_shard = 0;     // hot-expert replicas each shard may take, per layer
   int64_t expert_rebalance_every_steps = 0;  // how often replicas follow the load; 0: never
   std::chrono::milliseconds expert_call_timeout{30'000};  // one call to a shard process
@@ -110,7 +121,18 @@ struct fault_settings {
   std::chrono::milliseconds shard_slow{1'000};  // a slow spell's length (key shard_slow_ms)
   double shard_slow_factor = 4.0;     // a step in a slow spell takes this many times as long
   int64_t seed = 1;
-  bool any() const { return shard_crash_per_step > 0 || shard_crash_every_steps > 0 || shard_slow_per_step > 0; }
+  // Sim only ([[faults.expert_group]]): the expert-parallel group's conditions over time, in
+  // seconds since start: devices down (their experts' load on the rest), a hot expert.
+  struct expert_group_event {
+    double at_s = 0, for_s = 0;  // for_s 0: to the end
+    int32_t down = 0;
+    double imbalance = 1.0;      // max/mean routed tokens per device
+    double stall_ms = 0;         // once, at the first step from at_s (detection and re-run)
+  };
+  std::vector<expert_group_event> expert_group;
+  bool any() const {
+    return shard_crash_per_step > 0 || shard_crash_every_steps > 0 || shard_slow_per_step > 0 || !expert_group.empty();
+  }
 };
 
 struct kv_settings {

@@ -27,12 +27,25 @@ class model;
 // How requests reach the shards: actors in this process, or processes over Cap'n Proto RPC.
 class expert_transport {
  public:
+  using clock = std::chrono::steady_clock;
   struct reply {
     std::optional<owned<proto::ExpertReply>> msg;
-    std::string error;  // why the shard did not answer (msg empty)
+    std::string error;    // why the shard did not answer (msg empty)
+    clock::time_point at;  // when it came in
+  };
+  // Requests sent and not yet gathered.
+  class in_flight {
+   public:
+    virtual ~in_flight() = default;
+    virtual std::vector<reply> wait() = 0;  // once
   };
   virtual ~expert_transport() = default;
   virtual int32_t shards() const = 0;
+  // Sends requests[i] to shard i where it is non-null, all at once, and returns without
+  // waiting; the requests must outlive the returned call's wait(). Transports that cannot
+  // send without waiting (the default) answer before they return.
+  virtual std::unique_ptr<in_flight> send(const std::vector<const owned<proto::ExpertRequest>*>& requests);
+  virtual bool sends_without_waiting() const { return false; }
   // Sends requests[i] to shard i where it is non-null, all at once, and waits for them all.
   virtual std::vector<reply> exchange(const std::vector<const owned<proto::ExpertRequest>*>& requests) = 0;
   // Brings a failed shard back (a fresh actor, or a new connection to a restarted process),
@@ -60,8 +73,11 @@ struct expert_exchange_stats {
   int64_t calls = 0;                 // MoE layer calls (each one RPC per shard that has tokens)
   int64_t tokens = 0;                // token rows of those calls
   int64_t bytes_out = 0, bytes_in = 0;  // request and reply messages, serialized
-  double dispatch_seconds = 0;       // time in run() beyond the shards' own compute
+  double dispatch_seconds = 0;       // from sending a layer call to its last reply, beyond the slowest shard's compute
   double shard_seconds = 0;          // the shards' compute time, summed
+  double wait_seconds = 0;           // the caller blocked waiting for replies (what overlap hides)
+  int64_t overlapped_calls = 0;      // calls sent with start() while the caller went on
+  std::vector<double> per_shard_seconds;  // each shard's compute time: its busy share of a run's wall time
   int64_t failures = 0, revivals = 0, rebalances = 0, replicas = 0;
   double last_recovery_seconds = 0;  // from a failed call to the layer's completion
   std::vector<int64_t> per_shard_pairs;   // pairs each shard computed
@@ -78,6 +94,10 @@ class expert_exchange final : public cpu::expert_ffn {
   ~expert_exchange() override;
 
   void run(const cpu::routed_tokens& tokens, float* out, int64_t ld_out) override;
+  bool overlaps() const override;
+  void start(const cpu::routed_tokens& tokens, int lane) override;
+  void finish(const cpu::routed_tokens& tokens, int lane, float* out, int64_t ld_out) override;
+  void abandon(int lane) override;
 
   // Any thread: a snapshot as of the last completed call.
   expert_exchange_stats stats() const;
@@ -87,11 +107,17 @@ class expert_exchange final : public cpu::expert_ffn {
 
  private:
   using clock = std::chrono::steady_clock;
+  struct lane;
+  void begin(lane& l, const cpu::routed_tokens& tokens, bool overlapped);
+  void end(lane& l, float* out, int64_t ld_out);
+  void maintain(clock::time_point now);
+  bool dispatch(lane& l);
+  void gather(lane& l);
   void fail(int32_t shard);
   void revive(int32_t shard, std::chrono::milliseconds wait);
   void fence(int32_t shard);
   void rebalance(int32_t replicas_per_shard);
-  void publish();
+  void publish_shards();
 
   // The calling (backend) thread's own state.
   std::shared_ptr<const model> model_;
@@ -102,12 +128,13 @@ class expert_exchange final : public cpu::expert_ffn {
   std::vector<char> live_, fenced_;
   std::vector<std::vector<clock::time_point>> failures_;  // per shard, within the window
   std::vector<clock::time_point> last_try_;              // per shard: the last revival attempt
+  int64_t last_rebalance_calls_ = 0;
   std::vector<int64_t> load_;  // [layer][shard]: pairs so far (assign_pairs' running load; each layer waits for its slowest shard)
-  expert_exchange_stats stats_;
-  std::vector<float> slots_;
-  // Shared with other threads.
+  std::vector<std::unique_ptr<lane>> lanes_;  // micro-batches in flight (ping-pong: two)
+  // Shared with other threads. stats_ is written by the calling thread under mu_, and read
+  // by others under it.
   mutable std::mutex mu_;
-  expert_exchange_stats published_;
+  expert_exchange_stats stats_;
   expert_placement published_placement_;
   int32_t rebalance_request_ = -1;
 };

@@ -191,10 +191,10 @@ rpc_transport::rpc_transport(std::vector<std::string> addresses, std::chrono::mi
     auto pf = kj::newPromiseAndCrossThreadFulfiller<void>();
     m.stop = kj::mv(pf.fulfiller);
     {
-      std::lock_guard lock(mu);
+      std::lock_guard lock(mu);  // notified under the lock: the constructor's cv goes once it sees ready
       ready = true;
+      cv.notify_one();
     }
-    cv.notify_one();
     pf.promise.wait(io.waitScope);
     m.tasks = nullptr;
     m.conns.clear();
@@ -220,10 +220,37 @@ rpc_transport::~rpc_transport() {
 
 int32_t rpc_transport::shards() const { return static_cast<int32_t>(impl_->addresses.size()); }
 
-std::vector<expert_transport::reply> rpc_transport::exchange(const std::vector<const owned<proto::ExpertRequest>*>& requests) {
+namespace {
+
+// A call on the loop: the replies it fills in, and a condition variable for the caller.
+struct rpc_call {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::vector<expert_transport::reply> out;
+
+  std::vector<expert_transport::reply> wait() {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return done; });
+    return std::move(out);
+  }
+};
+
+// The caller waits on the shared state; the in_flight it holds only points at it, so the loop
+// may finish a call whose caller has gone.
+struct rpc_wait final : expert_transport::in_flight {
+  std::shared_ptr<rpc_call> call;
+  std::vector<expert_transport::reply> wait() override { return call->wait(); }
+};
+
+}  // namespace
+
+std::unique_ptr<expert_transport::in_flight> rpc_transport::send(
+    const std::vector<const owned<proto::ExpertRequest>*>& requests) {
   impl& m = *impl_;
-  std::vector<reply> out(requests.size());
-  m.on_loop([&]() -> kj::Promise<void> {
+  auto call = std::make_shared<rpc_call>();
+  call->out.resize(requests.size());
+  m.bridge.post([&m, call, requests] {
     kj::Vector<kj::Promise<void>> calls;
     for (size_t i = 0; i < requests.size(); ++i) {
       if (!requests[i]) continue;
@@ -232,23 +259,38 @@ std::vector<expert_transport::reply> rpc_transport::exchange(const std::vector<c
         if (!m.conns[i].broken) cap = c;
       }
       if (!cap) {
-        out[i].error = "not connected";
+        call->out[i].error = "not connected";
+        call->out[i].at = clock::now();
         continue;
       }
       auto r = cap->runRequest(capnp::MessageSize{requests[i]->get().totalSize().wordCount + 16, 0});
       r.setRequest(requests[i]->get());
-      calls.add(m.timed(r.send().then([&out, i](capnp::Response<proto::ExpertShard::RunResults>&& resp) {
-                                         out[i].msg = owned<proto::ExpertReply>::copy_of(resp.getReply());
+      calls.add(m.timed(r.send().then([call, i](capnp::Response<proto::ExpertShard::RunResults>&& resp) {
+                                         call->out[i].at = clock::now();
+                                         call->out[i].msg = owned<proto::ExpertReply>::copy_of(resp.getReply());
                                        }),
                         i)
-                    .catch_([&m, &out, i](kj::Exception&& e) {
-                      out[i].error = e.getDescription().cStr();
+                    .catch_([&m, call, i](kj::Exception&& e) {
+                      call->out[i].at = clock::now();
+                      call->out[i].error = e.getDescription().cStr();
                       m.conns[i].broken = true;  // torn down by revive(), not inside its own callback
                     }));
     }
-    return kj::joinPromises(calls.releaseAsArray());
+    m.tasks->add(kj::joinPromises(calls.releaseAsArray()).then([call] {
+      {
+        std::lock_guard lock(call->mu);
+        call->done = true;
+      }
+      call->cv.notify_one();
+    }));
   });
-  return out;
+  auto w = std::make_unique<rpc_wait>();
+  w->call = std::move(call);
+  return w;
+}
+
+std::vector<expert_transport::reply> rpc_transport::exchange(const std::vector<const owned<proto::ExpertRequest>*>& requests) {
+  return send(requests)->wait();
 }
 
 bool rpc_transport::revive(int32_t shard, std::chrono::milliseconds wait) {

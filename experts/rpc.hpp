@@ -31,6 +31,8 @@ class rpc_transport final : public expert_transport {
   ~rpc_transport() override;
 
   int32_t shards() const override;
+  std::unique_ptr<in_flight> send(const std::vector<const owned<proto::ExpertRequest>*>& requests) override;
+  bool sends_without_waiting() const override { return true; }
   std::vector<reply> exchange(const std::vector<const owned<proto::ExpertRequest>*>& requests) override;
   bool revive(int32_t shard, std::chrono::milliseconds wait) override;
   void hold(int32_t shard, const std::vector<int32_t>& keys) override;

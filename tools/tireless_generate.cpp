@@ -4,6 +4,7 @@
 //   tireless-generate --prompt "Once upon a time" --max-tokens 64 --temperature 0.8 --seed 1
 #include <CLI/CLI.hpp>
 
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 
@@ -54,6 +55,14 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--replicas", replicas, "with --rebalance-every: replicas each shard may take per layer")
       ->check(CLI::NonNegativeNumber);
+  bool overlap = false;
+  app.add_flag("--overlap", overlap,
+               "with --expert-shard: split each step of several sequences into two micro-batches, one's attention here "
+               "while the other's experts run on the shards (ping-pong)");
+  int batch = 1;
+  app.add_option("--batch", batch,
+                 "generate this many sequences of the prompt at once (the first one is printed; tok/s counts them all)")
+      ->check(CLI::Range(1, 256))->capture_default_str();
   int64_t revive_wait_ms = 30'000;
   app.add_option("--revive-wait-ms", revive_wait_ms,
                  "with --expert-shard: how long to wait for a shard to answer at start, and for a failed one to come back "
@@ -93,16 +102,23 @@ int main(int argc, char** argv) {
       eo.revive_wait = std::chrono::milliseconds(revive_wait_ms);
       exchange = tireless::make_rpc_expert_exchange(m, shard_addresses, eo.revive_wait, eo);
       opt.experts = exchange.get();
+      opt.overlap = overlap;
     }
+    opt.max_step_seqs = std::max(opt.max_step_seqs, batch);
+    opt.kv_blocks = batch * ((opt.max_context + opt.block_size - 1) / opt.block_size);
     auto backend = tireless::cpu::make_cpu_backend(m, opt);
     tireless::text_stopper stopper(m->tok(), stop_tokens, stops);
     tireless::sequence_runner runner(*backend);
-    auto out = runner.run({req}, [&](size_t, tireless::token_id t) {
+    const auto started = std::chrono::steady_clock::now();
+    auto out = runner.run(std::vector<tireless::generation_request>(static_cast<size_t>(batch), req),
+                          [&](size_t i, tireless::token_id t) {
+      if (i != 0) return true;
       auto piece = stopper.push(t);
       std::fwrite(piece.text.data(), 1, piece.text.size(), stdout);
       std::fflush(stdout);
       return !piece.stopped;
     });
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     const std::string rest = out[0].stopped ? std::string() : stopper.finish();
     std::fwrite(rest.data(), 1, rest.size(), stdout);
     std::fputc('\n', stdout);
@@ -142,6 +158,10 @@ int main(int argc, char** argv) {
                    static_cast<long long>(x.revivals), static_cast<long long>(x.replicas), 1e3 * x.last_recovery_seconds, x.shard_imbalance(),
                    static_cast<long long>(x.rebalances));
       for (int64_t n : x.per_shard_pairs) std::fprintf(stderr, " %lld", static_cast<long long>(n));
+      std::fprintf(stderr, "\nexpert overlap: %s, %lld of %lld layer calls overlapped; over %.2f s: waiting for shards %.1f%%, "
+                   "each shard idle", overlap ? "on" : "off", static_cast<long long>(x.overlapped_calls),
+                   static_cast<long long>(x.calls), wall, 100.0 * x.wait_seconds / wall);
+      for (double busy : x.per_shard_seconds) std::fprintf(stderr, " %.1f%%", 100.0 * (1.0 - busy / wall));
       std::fputc('\n', stderr);
     }
   } catch (const std::exception& e) {

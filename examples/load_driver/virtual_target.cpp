@@ -5,7 +5,7 @@
 #include <limits>
 
 #include "actors/virtual_runtime.hpp"
-#include "gpu/sim/sim_profile.hpp"
+#include "actors/sim_config.hpp"
 #include "target.hpp"
 
 namespace tireless::load {
@@ -54,7 +54,7 @@ class virtual_session final : public target_session {
 
 class virtual_target final : public target {
  public:
-  explicit virtual_target(const scenario& s) : s_(s), cost_(sim::named_profile(s.config.backend.sim_profile).cost) {}
+  explicit virtual_target(const scenario& s) : s_(s), profile_(configured_sim_profile(s.config)) {}
 
   double idle_first_token_s(int32_t prompt_tokens) const override {
     // The steps of the prompt's prefill alone: chunks of max_step_tokens, each attending the
@@ -66,7 +66,7 @@ class virtual_target final : public target {
       sim::step_shape shape;
       shape.prefill_tokens = n;
       shape.prefill_context = n * at + n * (n + 1) / 2;  // sum over its tokens of pos + 1
-      seconds += cost_.seconds(shape);
+      seconds += sim::step_seconds(profile_, shape);
     }
     return seconds;
   }
@@ -81,7 +81,7 @@ class virtual_target final : public target {
 
  private:
   const scenario& s_;
-  sim::step_cost cost_;
+  sim::sim_profile profile_;
 };
 
 }  // namespace

@@ -79,7 +79,15 @@ class cpu_backend final : public backend {
   void attention_block(int layer);
   void rope_and_store_kv(int layer);
   void ffn_block(int layer);
-  void moe_block(int layer);
+  void moe_route(int layer, routed_tokens& rt);
+  void moe_add();
+  size_t overlap_split() const;
+  void run_layers_overlapped(size_t split_seq);
+  void use_rows(int64_t first, int64_t end, size_t first_task, size_t end_task);
+  template <class T>
+  T* at(std::vector<T>& v, int64_t width) {
+    return v.data() + r0_ * width;
+  }
   void output(const step_batch& batch, step_result& result);
   const q8_view* quantize_if(bool needed, const float* x, int64_t cols, q8_view& storage);
   template <class F>
@@ -115,6 +123,11 @@ class cpu_backend final : public backend {
     int32_t seq, kv_head, first, n;
   };
   std::vector<attention_task> tasks_;
+  std::vector<size_t> first_task_;  // per sequence
+  // The rows (and their attention tasks) the blocks work on: the whole step, or one
+  // micro-batch of it when experts elsewhere overlap with attention here.
+  int64_t r0_ = 0, r1_ = 0;
+  size_t t0_ = 0, t1_ = 0;
   std::vector<int64_t> out_rows_;
   std::vector<int64_t> out_of_seq_;  // per sequence: its row of logits_, or -1
 
@@ -268,6 +281,7 @@ void cpu_backend::check(const step_batch& b) const {
 void cpu_backend::lay_out(const step_batch& b) {
   batch_ = &b;
   first_row_.clear();
+  first_task_.clear();
   tasks_.clear();
   out_rows_.clear();
   int64_t row = 0;
@@ -276,6 +290,7 @@ void cpu_backend::lay_out(const step_batch& b) {
   for (size_t s = 0; s < b.seqs.size(); ++s) {
     const sequence_step& q = b.seqs[s];
     first_row_.push_back(row);
+    first_task_.push_back(tasks_.size());
     const int32_t n = static_cast<int32_t>(q.tokens.size());
     for (int32_t i = 0; i < n; ++i) {
       pos_[row + i] = q.start_pos + i;
@@ -290,6 +305,7 @@ void cpu_backend::lay_out(const step_batch& b) {
     row += n;
   }
   n_rows_ = row;
+  use_rows(0, n_rows_, 0, tasks_.size());
   const int32_t half = c_.rope_dims / 2;
   for (int64_t r = 0; r < n_rows_; ++r) {
     for (int32_t i = 0; i < half; ++i) {
@@ -300,18 +316,27 @@ void cpu_backend::lay_out(const step_batch& b) {
   }
 }
 
+void cpu_backend::use_rows(int64_t first, int64_t end, size_t first_task, size_t end_task) {
+  r0_ = first;
+  r1_ = end;
+  t0_ = first_task;
+  t1_ = end_task;
+}
+
 template <class F>
 void cpu_backend::for_rows(F&& f) {
   // Per-row work is under a microsecond: small batches run on the caller, without the cost
   // of waking the workers.
-  pool_.parallel_for(n_rows_, std::max<int64_t>(16, n_rows_ / (4 * pool_.size())), [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) f(r);
+  const int64_t n = r1_ - r0_;
+  pool_.parallel_for(n, std::max<int64_t>(16, n / (4 * pool_.size())), [&](int64_t b, int64_t e) {
+    for (int64_t r = r0_ + b; r < r0_ + e; ++r) f(r);
   });
 }
 
+// x: the active rows' first.
 const q8_view* cpu_backend::quantize_if(bool needed, const float* x, int64_t cols, q8_view& storage) {
   if (!needed) return nullptr;
-  storage = q8_.quantize(pool_, k_, x, n_rows_, cols, cols);
+  storage = q8_.quantize(pool_, k_, x, r1_ - r0_, cols, cols);
   return &storage;
 }
 
@@ -342,16 +367,17 @@ void cpu_backend::attention_block(int layer) {
   const int64_t e = c_.n_embd, qd = c_.q_dim(), kvd = c_.kv_dim();
   for_rows([&](int64_t r) { k_.rms_norm(&x_[r * e], w.attn_norm, &h_[r * e], e, c_.rms_eps); });
   q8_view hq_storage;
-  const q8_view* hq = quantize_if(w.wq.quantized() || w.wk.quantized() || w.wv.quantized(), h_.data(), e, hq_storage);
-  const matmul_job qkv[] = {{&w.wq, h_.data(), e, hq, q_.data(), qd, false},
-                            {&w.wk, h_.data(), e, hq, kx_.data(), kvd, false},
-                            {&w.wv, h_.data(), e, hq, vx_.data(), kvd, false}};
-  matmul(pool_, k_, qkv, n_rows_);
+  const q8_view* hq =
+      quantize_if(w.wq.quantized() || w.wk.quantized() || w.wv.quantized(), at(h_, e), e, hq_storage);
+  const matmul_job qkv[] = {{&w.wq, at(h_, e), e, hq, at(q_, qd), qd, false},
+                            {&w.wk, at(h_, e), e, hq, at(kx_, kvd), kvd, false},
+                            {&w.wv, at(h_, e), e, hq, at(vx_, kvd), kvd, false}};
+  matmul(pool_, k_, qkv, r1_ - r0_);
   rope_and_store_kv(layer);
 
   const int32_t group = c_.n_head / c_.n_head_kv;
-  pool_.parallel_for(static_cast<int64_t>(tasks_.size()), 1, [&](int64_t b, int64_t end) {
-    for (int64_t i = b; i < end; ++i) {
+  pool_.parallel_for(static_cast<int64_t>(t1_ - t0_), 1, [&](int64_t b, int64_t end) {
+    for (int64_t i = static_cast<int64_t>(t0_) + b; i < static_cast<int64_t>(t0_) + end; ++i) {
       const attention_task& t = tasks_[i];
       const sequence_step& s = batch_->seqs[t.seq];
       const int64_t row = first_row_[t.seq] + t.first;
@@ -377,8 +403,8 @@ void cpu_backend::attention_block(int layer) {
   });
 
   q8_view aq_storage;
-  const q8_view* aq = quantize_if(w.wo.quantized(), att_.data(), qd, aq_storage);
-  matmul(pool_, k_, w.wo, att_.data(), qd, aq, n_rows_, x_.data(), e, true);
+  const q8_view* aq = quantize_if(w.wo.quantized(), at(att_, qd), qd, aq_storage);
+  matmul(pool_, k_, w.wo, at(att_, qd), qd, aq, r1_ - r0_, at(x_, e), e, true);
 }
 
 void cpu_backend::rope_and_store_kv(int layer) {
@@ -406,31 +432,40 @@ void cpu_backend::ffn_block(int layer) {
   const int64_t e = c_.n_embd, ff = c_.n_ff;
   for_rows([&](int64_t r) { k_.rms_norm(&x_[r * e], w.ffn_norm, &h_[r * e], e, c_.rms_eps); });
   if (c_.is_moe()) {
-    moe_block(layer);
-    for_rows([&](int64_t r) {
-      for (int64_t c = 0; c < e; ++c) x_[r * e + c] += tmp_[r * e + c];
-    });
+    routed_tokens rt;
+    moe_route(layer, rt);
+    experts_->run(rt, at(tmp_, e), e);
+    moe_add();
     return;
   }
   q8_view hq_storage;
-  const q8_view* hq = quantize_if(w.gate.quantized() || w.up.quantized(), h_.data(), e, hq_storage);
-  const matmul_job gate_up[] = {{&w.gate, h_.data(), e, hq, g_.data(), ff, false},
-                                {&w.up, h_.data(), e, hq, u_.data(), ff, false}};
-  matmul(pool_, k_, gate_up, n_rows_);
+  const q8_view* hq = quantize_if(w.gate.quantized() || w.up.quantized(), at(h_, e), e, hq_storage);
+  const matmul_job gate_up[] = {{&w.gate, at(h_, e), e, hq, at(g_, ff), ff, false},
+                                {&w.up, at(h_, e), e, hq, at(u_, ff), ff, false}};
+  matmul(pool_, k_, gate_up, r1_ - r0_);
   for_rows([&](int64_t r) { k_.silu_mul(&g_[r * ff], &u_[r * ff], &g_[r * ff], ff); });
   q8_view gq_storage;
-  const q8_view* gq = quantize_if(w.down.quantized(), g_.data(), ff, gq_storage);
-  matmul(pool_, k_, w.down, g_.data(), ff, gq, n_rows_, x_.data(), e, true);
+  const q8_view* gq = quantize_if(w.down.quantized(), at(g_, ff), ff, gq_storage);
+  matmul(pool_, k_, w.down, at(g_, ff), ff, gq, r1_ - r0_, at(x_, e), e, true);
+}
+
+// The residual add of the experts' output, in tmp_.
+void cpu_backend::moe_add() {
+  const int64_t e = c_.n_embd;
+  for_rows([&](int64_t r) {
+    for (int64_t c = 0; c < e; ++c) x_[r * e + c] += tmp_[r * e + c];
+  });
 }
 
 // Mixtral routing: softmax over all experts, the top k by probability (lower index first on
 // ties), their weights renormalized to sum to one.
-void cpu_backend::moe_block(int layer) {
+// The active rows' experts, from their normalized states in h_.
+void cpu_backend::moe_route(int layer, routed_tokens& rt) {
   const layer_weights& w = layers_[layer];
   const int64_t e = c_.n_embd, n_exp = c_.n_expert, k = c_.n_expert_used;
   q8_view hq_storage;
-  const q8_view* hq = quantize_if(w.router.quantized(), h_.data(), e, hq_storage);
-  matmul(pool_, k_, w.router, h_.data(), e, hq, n_rows_, router_.data(), n_exp);
+  const q8_view* hq = quantize_if(w.router.quantized(), at(h_, e), e, hq_storage);
+  matmul(pool_, k_, w.router, at(h_, e), e, hq, r1_ - r0_, at(router_, n_exp), n_exp);
   for_rows([&](int64_t r) {
     const float* logit = &router_[r * n_exp];
     const float top = *std::max_element(logit, logit + n_exp);
@@ -450,16 +485,14 @@ void cpu_backend::moe_block(int layer) {
     for (int64_t j = 0; j < k; ++j) gate[j] /= sum;
   });
   int64_t* counts = &expert_tokens_[static_cast<size_t>(layer) * static_cast<size_t>(n_exp)];
-  for (int64_t i = 0; i < n_rows_ * k; ++i) ++counts[chosen_[static_cast<size_t>(i)]];
-  routed_tokens rt;
+  for (int64_t i = r0_ * k; i < r1_ * k; ++i) ++counts[chosen_[static_cast<size_t>(i)]];
   rt.layer = layer;
-  rt.x = h_.data();
-  rt.n_tokens = n_rows_;
+  rt.x = at(h_, e);
+  rt.n_tokens = r1_ - r0_;
   rt.ld = e;
-  rt.experts = chosen_.data();
-  rt.gates = gates_.data();
+  rt.experts = at(chosen_, k);
+  rt.gates = at(gates_, k);
   rt.k = static_cast<int32_t>(k);
-  experts_->run(rt, tmp_.data(), e);
 }
 
 void cpu_backend::output(const step_batch& b, step_result& result) {
@@ -515,12 +548,74 @@ void cpu_backend::execute(const step_batch& b, step_result& result) {
     return;
   }
   embed();
-  for (int layer = 0; layer < c_.n_layer; ++layer) {
-    attention_block(layer);
-    ffn_block(layer);
+  const size_t split = overlap_split();
+  if (split > 0) {
+    run_layers_overlapped(split);
+  } else {
+    for (int layer = 0; layer < c_.n_layer; ++layer) {
+      attention_block(layer);
+      ffn_block(layer);
+    }
   }
+  use_rows(0, n_rows_, 0, tasks_.size());
   output(b, result);
   batch_ = nullptr;
+}
+
+// Where to split the step into two micro-batches (a sequence index), so that one's attention
+// runs here while the other's experts run on their shards; 0: no split (experts in this
+// process, overlap off, or a single sequence).
+size_t cpu_backend::overlap_split() const {
+  const size_t n = batch_->seqs.size();
+  if (!o_.overlap || !experts_ || !experts_->overlaps() || n < 2) return 0;
+  size_t best = 1;
+  for (size_t s = 1; s < n; ++s) {
+    if (std::abs(2 * first_row_[s] - n_rows_) < std::abs(2 * first_row_[best] - n_rows_)) best = s;
+  }
+  return best;
+}
+
+// Ping-pong over two micro-batches A and B: A's experts run on the shards while B's attention
+// runs here, and the other way round, layer after layer.
+void cpu_backend::run_layers_overlapped(size_t split) {
+  const int64_t e = c_.n_embd;
+  const auto lane = [&](int which) {
+    if (which == 0) {
+      use_rows(0, first_row_[split], 0, first_task_[split]);
+    } else {
+      use_rows(first_row_[split], n_rows_, first_task_[split], tasks_.size());
+    }
+  };
+  routed_tokens rt[2];
+  bool in_flight[2] = {false, false};
+  const auto send = [&](int which, int layer) {
+    lane(which);
+    attention_block(layer);
+    for_rows([&](int64_t r) { k_.rms_norm(&x_[r * e], layers_[layer].ffn_norm, &h_[r * e], e, c_.rms_eps); });
+    moe_route(layer, rt[which]);
+    experts_->start(rt[which], which);
+    in_flight[which] = true;
+  };
+  const auto add = [&](int which) {
+    lane(which);
+    in_flight[which] = false;
+    experts_->finish(rt[which], which, at(tmp_, e), e);
+    moe_add();
+  };
+  try {
+    send(0, 0);
+    for (int layer = 0; layer < c_.n_layer; ++layer) {
+      send(1, layer);
+      add(0);
+      if (layer + 1 < c_.n_layer) send(0, layer + 1);
+      add(1);
+    }
+  } catch (...) {
+    for (int which : {0, 1}) {
+      if (in_flight[which]) experts_->abandon(which);
+    }
+    throw;
+  }
 }
 
 void cpu_backend::copy_blocks(std::span<const std::pair<int32_t, int32_t>> src_dst) {

@@ -25,6 +25,9 @@ struct cpu_backend_options {
   std::optional<isa> kernels;      // default: the best the CPU runs
   // Where MoE experts run; null: in this backend. Not owned; must outlive the backend.
   expert_ffn* experts = nullptr;
+  // Split a step of several sequences into two micro-batches, one's attention here while the
+  // other's experts run (where `experts` can: shards in other processes).
+  bool overlap = false;
 };
 
 // Throws std::invalid_argument naming the option when an option is out of range.

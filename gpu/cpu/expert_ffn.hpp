@@ -39,6 +39,17 @@ class expert_ffn {
   // out[t][:n_embd] = Σ_j gates[t][j] · expert_j(x[t]), the slots summed in order j = 0..k-1
   // (so the result does not depend on where each expert ran).
   virtual void run(const routed_tokens& tokens, float* out, int64_t ld_out) = 0;
+
+  // Overlap (ping-pong): start() sends a micro-batch's tokens on `lane` and returns at once;
+  // finish() waits for them and combines. Between the two, the caller may compute the other
+  // lane's attention; tokens' arrays must stay as they are until finish(). One call per lane
+  // in flight. Where the experts share the caller's CPUs there is nothing to overlap with:
+  // overlaps() is false and finish() simply runs.
+  virtual bool overlaps() const { return false; }
+  virtual void start(const routed_tokens& /*tokens*/, int /*lane*/) {}
+  virtual void finish(const routed_tokens& tokens, int /*lane*/, float* out, int64_t ld_out) { run(tokens, out, ld_out); }
+  // After a failed step: waits for and drops a lane's call in flight, if any.
+  virtual void abandon(int /*lane*/) {}
 };
 
 }  // namespace tireless::cpu

@@ -86,7 +86,12 @@ void sim_backend::execute(const step_batch& b, step_result& result) {
   const auto began = std::chrono::steady_clock::now();
   check(b);
   last_shape_ = shape_of(b);
-  last_step_seconds_ = profile_.cost.seconds(last_shape_);
+  last_step_seconds_ = step_seconds(profile_, last_shape_, condition());
+  for (size_t i = 0; i < events_.size(); ++i) {
+    if (stalled_[i] || now_ < events_[i].at_s || last_step_seconds_ == 0.0) continue;
+    stalled_[i] = 1;
+    last_step_seconds_ += events_[i].stall_s;
+  }
   virtual_seconds_ += last_step_seconds_;
 
   result.next.assign(b.seqs.size(), -1);
@@ -111,6 +116,34 @@ void sim_backend::execute(const step_batch& b, step_result& result) {
   if (real_time_ && last_step_seconds_ > 0.0) {
     std::this_thread::sleep_until(began + std::chrono::duration<double>(last_step_seconds_));
   }
+}
+
+void sim_backend::set_expert_events(std::vector<expert_event> events) {
+  for (size_t i = 0; i < events.size(); ++i) {
+    const expert_event& e = events[i];
+    if (!profile_.ep.on()) {
+      throw std::invalid_argument(fmt::format("expert event {}: sim profile '{}' has no expert-parallel group "
+                                              "(set [backend.expert_parallel] degree > 1)", i, profile_.name));
+    }
+    if (e.down < 0 || e.down >= profile_.ep.degree || !(e.imbalance >= 1.0) || e.at_s < 0 || e.for_s < 0 || e.stall_s < 0) {
+      throw std::invalid_argument(fmt::format("expert event {}: down = {} of {} devices, imbalance = {}, at {} s for {} s, "
+                                              "stall {} s: at least one device must stay up, imbalance >= 1, times >= 0",
+                                              i, e.down, profile_.ep.degree, e.imbalance, e.at_s, e.for_s, e.stall_s));
+    }
+  }
+  events_ = std::move(events);
+  stalled_.assign(events_.size(), 0);
+}
+
+expert_condition sim_backend::condition() const {
+  expert_condition c;
+  for (const expert_event& e : events_) {
+    if (now_ < e.at_s || (e.for_s > 0 && now_ >= e.at_s + e.for_s)) continue;
+    c.down += e.down;
+    c.imbalance = std::max(c.imbalance, e.imbalance);
+  }
+  c.down = std::min(c.down, std::max(0, profile_.ep.degree - 1));
+  return c;
 }
 
 void sim_backend::copy_blocks(std::span<const std::pair<int32_t, int32_t>> src_dst) {

@@ -43,6 +43,13 @@ class sim_backend final : public backend {
   void set_real_time(bool on) { real_time_ = on; }
   const sim_profile& profile() const { return profile_; }
 
+  // The expert-parallel group's conditions over time (a device down, a hot expert), applied
+  // by the clock set_time() gives. Throws std::invalid_argument for an event the profile's
+  // group cannot have (no expert parallelism, every device down).
+  void set_expert_events(std::vector<expert_event> events);
+  void set_time(double seconds_since_start) { now_ = seconds_since_start; }
+  expert_condition condition() const;  // at the time last set
+
   // The token the sim samples for a sequence at `position` (the position the token will take).
   token_id token_for(uint64_t seq_id, int64_t position, uint64_t seed) const;
   token_logprob one_hot_logprob(token_id t, int32_t top) const;
@@ -55,6 +62,9 @@ class sim_backend final : public backend {
   double last_step_seconds_ = 0.0;
   double virtual_seconds_ = 0.0;
   bool real_time_ = false;
+  std::vector<expert_event> events_;
+  std::vector<char> stalled_;  // per event: its one stall taken
+  double now_ = 0.0;
 };
 
 // Throws std::invalid_argument (from validate) when the profile is not usable.

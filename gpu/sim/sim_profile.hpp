@@ -40,9 +40,48 @@ struct step_cost {
   double seconds(const step_shape& s) const;
 };
 
+// Expert parallelism at fleet scale: the device is one of `degree` that hold a mixture of
+// experts' routed experts between them. Every MoE layer of a step sends each token's hidden
+// state to the other devices holding its experts (dispatch) and gathers their outputs
+// (combine) over a network; the step waits for the busiest device (the all-to-all
+// synchronizes the group). `cost` is the step with the experts evenly loaded and the exchange
+// hidden behind compute (two micro-batches) -- how a deployment measured at its operating
+// point runs; degree <= 1 leaves it as it is.
+struct expert_parallel {
+  int32_t degree = 0;              // devices sharing the routed experts
+  int32_t moe_layers = 0;
+  double remote_copies = 0;        // other devices a token's state goes to, per MoE layer
+  int32_t hidden = 0;              // elements of a token's state
+  double dispatch_bytes = 1.0;     // per element sent out (FP8)
+  double combine_bytes = 2.0;      // per element coming back (BF16)
+  double link_bytes_per_s = 0;     // per device, each way
+  double link_latency_s = 0;       // per dispatch and per combine
+  bool overlap = true;             // two micro-batches: one's exchange runs during the other's compute
+  double expert_share = 0;         // share of cost's per-token terms that is routed-expert work
+
+  bool on() const { return degree > 1; }
+};
+
+// The expert-parallel group's state while a step runs.
+struct expert_condition {
+  int32_t down = 0;        // devices of the group down: their experts served by the others' replicas
+  double imbalance = 1.0;  // max over mean routed tokens per device
+};
+
+// A condition over a span of time, in seconds since the backend started: a device lost (its
+// experts' load falls on the rest), a hot expert (imbalance) until the rebalancer moves it.
+struct expert_event {
+  double at_s = 0;
+  double for_s = 0;        // 0: to the end
+  int32_t down = 0;
+  double imbalance = 1.0;
+  double stall_s = 0;      // once, on the first step at or after at_s: failure detection and the step's re-run
+};
+
 struct sim_profile {
   std::string name;
   step_cost cost;
+  expert_parallel ep;
   kv_geometry kv;
   backend_limits limits;
   int32_t n_vocab = 0;
@@ -51,6 +90,13 @@ struct sim_profile {
   token_id first_sampled_token = 0;
   token_id end_sampled_token = 0;
 };
+
+// A step's seconds under expert parallelism: cost's, with the routed-expert work scaled by the
+// busiest device's load (imbalance x degree / live devices), and the exchange's time (bytes into
+// the busiest device over the link, plus latency) overlapped with compute or added to it.
+double step_seconds(const sim_profile& p, const step_shape& s, const expert_condition& c = {});
+// The exchange alone (dispatch and combine of every MoE layer), for reports and tests.
+double exchange_seconds(const sim_profile& p, const step_shape& s, const expert_condition& c = {});
 
 // Throws std::invalid_argument naming the field when a number is negative, not finite, or
 // out of range (empty KV pool, non-positive limits, a sampling range outside the vocabulary).

@@ -104,6 +104,9 @@ STATS = re.compile(r"expert shards: (\d+) \((\d+) live, (\d+) fenced\); (\d+) la
                    r"bytes per token row.*?(\d+) failures, (\d+) revivals, (\d+) replicas, last recovery ([\d.]+) ms")
 
 
+OVERLAP = re.compile(r"expert overlap: \w+, (\d+) of \d+ layer calls overlapped")
+
+
 def generate(build: str, model: str, prompt: str, n: int, shards: list[str] = (), extra: list[str] = (),
              on_output=None, netns: str | None = None) -> tuple[str, dict]:
     cmd = [os.path.join(build, "tools", "tireless-generate"), "-m", model, "--prompt", prompt, "-n", str(n), "-q",
@@ -133,6 +136,8 @@ def generate(build: str, model: str, prompt: str, n: int, shards: list[str] = ()
         stats["recovery_ms"] = float(m.group(10))
     elif shards:
         raise RuntimeError(f"no expert stats line in: {err}")
+    if m := OVERLAP.search(err):
+        stats["overlapped"] = int(m.group(1))
     return out.decode(), stats
 
 
@@ -166,6 +171,11 @@ def main(argv=None) -> int:
                                        f"per token row)")
                 if count == 2:
                     f32_bytes = st["req_bytes"]
+                    for p, want in zip(prompts, local):
+                        got, st = generate(a.build, moe, p, n, addrs, ["--batch", "3", "--overlap"])
+                        check(got == want and st["overlapped"] > 0,
+                              f"two micro-batches in ping-pong (3 sequences): same text, {st['overlapped']} of "
+                              f"{st['calls']} layer calls overlapped")
                     got, st = generate(a.build, moe, prompts[1], n, addrs, ["--expert-f16"])
                     check(len(got.strip()) > 0 and st["req_bytes"] < 0.6 * f32_bytes,
                           f"f16 activations: {st['req_bytes']} request bytes per row (f32: {f32_bytes}); "
@@ -186,6 +196,14 @@ def main(argv=None) -> int:
             check(got == want and st["failures"] >= 1 and st["live"] == 2,
                   f"shard killed mid-generation, replicas elsewhere: same text, {st['failures']} failure(s), "
                   f"{st['live']} live; recovery {st['recovery_ms']:.1f} ms")
+            shards.stop()
+            started = [shards.start("--experts", s) for s in sets]
+            victim = started[0][0]
+            got, st = generate(a.build, moe, prompts[1], long_n, [s[1] for s in started], ["--batch", "3", "--overlap"],
+                               on_output=lambda: victim.send_signal(signal.SIGKILL))
+            check(got == want and st["failures"] >= 1 and st["live"] == 2 and st["overlapped"] > 0,
+                  f"shard killed with two micro-batches in flight: same text, {st['failures']} failure(s), "
+                  f"recovery {st['recovery_ms']:.1f} ms")
             shards.stop()
 
             # 4. a supervised shard restarted on the same socket

@@ -202,6 +202,47 @@ TEST(sim_backend, works_through_the_backend_interface) {
 
 // Real time only ever waits at least the modelled duration: a lower bound, whatever the
 // machine's speed.
+TEST(sim_backend, expert_events_apply_within_their_span_and_stall_once) {
+  sim_backend b{named_profile("h200-k2")};
+  b.set_expert_events({{.at_s = 10, .for_s = 20, .down = 2, .stall_s = 1.5}, {.at_s = 15, .for_s = 0, .imbalance = 1.6}});
+  std::vector<token_id> one{300};
+  std::vector<int32_t> table{0};
+  step_batch batch;
+  sequence_step s;
+  s.seq_id = 1;
+  s.tokens = one;
+  s.start_pos = 0;
+  s.block_table = table;
+  batch.seqs.push_back(s);
+  step_result r;
+  const auto at = [&](double t) {
+    b.set_time(t);
+    b.execute(batch, r);
+    return b.last_step_seconds();
+  };
+  const double even = at(5);
+  EXPECT_EQ(b.condition().down, 0);
+  const double stalled = at(10);
+  const double down = at(11);
+  EXPECT_EQ(b.condition().down, 2);
+  EXPECT_GT(down, even);
+  EXPECT_NEAR(stalled - down, 1.5, 1e-9);  // the stall comes once
+  EXPECT_GT(at(16), down);                  // and a hot expert on top
+  EXPECT_DOUBLE_EQ(b.condition().imbalance, 1.6);
+  at(31);
+  EXPECT_EQ(b.condition().down, 0);         // the devices are back; the hot expert stays
+  EXPECT_DOUBLE_EQ(b.condition().imbalance, 1.6);
+}
+
+TEST(sim_backend, refuses_expert_events_its_group_cannot_have) {
+  sim_backend k2{named_profile("h200-k2")};
+  EXPECT_THAT([&] { k2.set_expert_events({{.at_s = 1, .down = 96}}); },
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("at least one device must stay up")));
+  sim_backend cpu{named_profile("cpu-smollm2")};
+  EXPECT_THAT([&] { cpu.set_expert_events({{.at_s = 1, .down = 1}}); },
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("no expert-parallel group")));
+}
+
 TEST(sim_backend, real_time_sleeps_for_the_step) {
   sim_profile p = tiny();
   p.cost.c0 = 0.02;

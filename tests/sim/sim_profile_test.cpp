@@ -92,6 +92,60 @@ TEST(h200_k2, reproduces_the_published_per_gpu_throughput) {
   EXPECT_EQ(p.limits.max_step_seqs, 512);
 }
 
+// With its expert-parallel group evenly loaded, the exchange hides behind compute at both
+// operating points: the published throughput holds with the network in the model.
+TEST(h200_k2, the_expert_exchange_hides_behind_compute_at_the_operating_points) {
+  const sim_profile p = named_profile("h200-k2");
+  ASSERT_TRUE(p.ep.on());
+  const step_shape prefill{.prefill_tokens = 8192, .prefill_context = 8192 * 1000 + 8192 / 2};
+  const step_shape decode{.decode_seqs = 480, .decode_context = 480 * 2050 + 240};
+  for (const step_shape& s : {prefill, decode}) {
+    EXPECT_LT(exchange_seconds(p, s), p.cost.seconds(s));
+    EXPECT_DOUBLE_EQ(step_seconds(p, s), p.cost.seconds(s));
+  }
+  EXPECT_NEAR(8192 / step_seconds(p, prefill), 7000.0, 70.0);
+  EXPECT_NEAR(480 / step_seconds(p, decode), 3000.0, 30.0);
+  // decode: 480 tokens × 5.5 remote copies × 7168 × (1 + 2) bytes × 60 layers over 50 GB/s, plus 120 × 20 µs
+  EXPECT_NEAR(exchange_seconds(p, decode), 480 * 5.5 * 7168 * 3 * 60 / 50e9 + 120 * 20e-6, 1e-9);
+}
+
+TEST(h200_k2, a_hot_expert_or_a_device_down_slows_every_step_of_the_group) {
+  sim_profile p = named_profile("h200-k2");
+  const step_shape decode{.decode_seqs = 480, .decode_context = 480 * 2050 + 240};
+  const double even = step_seconds(p, decode);
+  // a device down: its experts' load spreads over the other 95 (replicas)
+  const double down = step_seconds(p, decode, {.down = 1});
+  EXPECT_NEAR(down - even, p.ep.expert_share * p.cost.c_decode * 480 * (96.0 / 95 - 1), 1e-9);
+  // a hot expert: the busiest device takes 1.8x the mean, in compute and on its link
+  const double hot = step_seconds(p, decode, {.imbalance = 1.8});
+  EXPECT_NEAR(hot - even, p.ep.expert_share * p.cost.c_decode * 480 * 0.8, 1e-9);
+  // prefill, level with its link, becomes bound by it under the same hot expert
+  const step_shape prefill{.prefill_tokens = 8192, .prefill_context = 8192 * 1000 + 8192 / 2};
+  EXPECT_DOUBLE_EQ(step_seconds(p, prefill, {.imbalance = 1.8}), exchange_seconds(p, prefill, {.imbalance = 1.8}));
+  // without overlap the exchange adds to every step; a slower link makes it longer
+  p.ep.overlap = false;
+  EXPECT_DOUBLE_EQ(step_seconds(p, decode), p.cost.seconds(decode) + exchange_seconds(p, decode));
+  const double fast = exchange_seconds(p, decode);
+  p.ep.link_bytes_per_s /= 4;
+  EXPECT_GT(exchange_seconds(p, decode), 3.9 * (fast - 120 * 20e-6));
+  // no group: the cost model alone
+  p.ep.degree = 0;
+  EXPECT_DOUBLE_EQ(step_seconds(p, decode, {.down = 3, .imbalance = 2}), p.cost.seconds(decode));
+  EXPECT_EQ(exchange_seconds(p, decode), 0.0);
+}
+
+TEST(validate, names_a_bad_expert_parallel_field) {
+  sim_profile p = named_profile("h200-k2");
+  p.ep.remote_copies = 200;
+  EXPECT_THAT([&] { validate(p); }, ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("remote_copies")));
+  p = named_profile("h200-k2");
+  p.ep.link_bytes_per_s = 0;
+  EXPECT_THAT([&] { validate(p); }, ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("link_bytes_per_s")));
+  p = named_profile("h200-k2");
+  p.ep.expert_share = 1.5;
+  EXPECT_THAT([&] { validate(p); }, ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("expert_share")));
+}
+
 TEST(h200_k2, decode_attention_costs_more_per_position_than_prefill_attention) {
   const sim_profile p = named_profile("h200-k2");
   ASSERT_TRUE(p.cost.c_prefill_ctx.has_value());
