@@ -41,7 +41,10 @@ template <class Impl>
 std::unique_ptr<expert_exchange> make_expert_exchange(Impl& r, const model_config& mc) {
   const backend_settings& b = r.cfg.backend;
   expert_exchange_options o;
-  o.activations = b.expert_activations_f16 ? proto::Activations::F16 : proto::Activations::F32;
+  using wire = backend_settings::wire_activations;
+  o.activations = b.expert_activations == wire::f16    ? proto::Activations::F16
+                  : b.expert_activations == wire::int8 ? proto::Activations::INT8
+                                                       : proto::Activations::F32;
   o.max_restarts = b.max_shard_restarts;
   o.restart_window = b.shard_restart_window;
   o.replicas_per_shard = b.expert_replicas_per_shard;

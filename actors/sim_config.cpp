@@ -22,6 +22,12 @@ sim::sim_profile configured_sim_profile(const runtime_config& c) {
   return p;
 }
 
+std::vector<sim::expert_event> expert_events(const std::vector<fault_settings::expert_group_event>& faults) {
+  std::vector<sim::expert_event> events;
+  for (const auto& e : faults) events.push_back({e.at_s, e.for_s, e.down, e.imbalance, e.stall_ms / 1e3});
+  return events;
+}
+
 std::shared_ptr<sim::sim_backend> make_configured_sim(const runtime_config& c, resolved_limits& limits,
                                                       bool widen_step_limits) {
   sim::sim_profile profile = configured_sim_profile(c);
@@ -34,9 +40,7 @@ std::shared_ptr<sim::sim_backend> make_configured_sim(const runtime_config& c, r
     profile.limits.max_step_seqs = std::max(profile.limits.max_step_seqs, c.engine.max_step_seqs);
   }
   auto sim = std::make_shared<sim::sim_backend>(profile);
-  std::vector<sim::expert_event> events;
-  for (const auto& e : c.faults.expert_group) events.push_back({e.at_s, e.for_s, e.down, e.imbalance, e.stall_ms / 1e3});
-  sim->set_expert_events(std::move(events));
+  sim->set_expert_events(expert_events(c.faults.expert_group));
   return sim;
 }
 

@@ -13,6 +13,7 @@ namespace tireless {
 
 // Throws std::invalid_argument for an unknown profile or overrides it cannot take.
 sim::sim_profile configured_sim_profile(const runtime_config& c);
+std::vector<sim::expert_event> expert_events(const std::vector<fault_settings::expert_group_event>& faults);
 
 // The backend, its KV pool and context from the configuration (resolved into `limits`);
 // widen_step_limits raises the profile's step limits to the engine's (the virtual runtime).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Experts in tireless-shard processes on this machine's loopback: decode tokens/s, dispatch
 # overhead per MoE layer call, bytes on the wire per token row, for 1, 2 and 4 shard processes
-# (f32 and f16 activations); shard imbalance on the skewed router before and after rebalancing;
+# (f32, f16 and int8 activations); shard imbalance on the skewed router before and after rebalancing;
 # recovery time when a shard is killed (replicas; a supervised restart); with and without
 # overlap (two micro-batches in ping-pong), tokens/s and each shard's idle share at a batch of 8.
 #
@@ -75,6 +75,7 @@ for count in 1 2 4; do
   start_shards $count
   run "$count shard process(es), f32" "${addrs[@]}"
   run "$count shard process(es), f16" "${addrs[@]}" --expert-f16
+  run "$count shard process(es), int8" "${addrs[@]}" --expert-int8
   if [ "$count" = 4 ]; then
     run "4 shards, rebalanced once at $((n / 2)), 2 replicas" "${addrs[@]}" --rebalance-every $((n / 2)) --replicas 2
     run "4 shards, rebalanced once at $((n / 2)), 1 replica" "${addrs[@]}" --rebalance-every $((n / 2)) --replicas 1
@@ -88,7 +89,7 @@ echo
 echo "| setup                          | tok/s   | overlapped    | waiting  | each shard idle             |"
 echo "|                                | decode  | layer calls   | for shards | (share of the run)        |"
 echo "|--------------------------------|---------|---------------|----------|-----------------------------|"
-for count in 2 4; do
+for count in 1 2 4; do
   start_shards $count
   for rep in 1 2; do
     run_overlap "$count shards, batch 8, no overlap" "${addrs[@]}"

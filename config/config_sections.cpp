@@ -173,14 +173,9 @@ backend_settings read_backend(table_reader& r) {
                    "and expert_shards are both set; use one: shard actors in this process (expert_shards) or "
                    "tireless-shard processes (expert_shard_addresses)");
   }
-  if (std::string a = "f32"; r.read("expert_activations", a)) {
-    if (a == "f16" || a == "f32") {
-      s.expert_activations_f16 = a == "f16";
-    } else {
-      r.diag().error(r.where("expert_activations"), r.key_path("expert_activations"),
-                     fmt::format("\"{}\": expected \"f32\" (exact) or \"f16\" (half the bytes on the wire)", a));
-    }
-  }
+  using wire = backend_settings::wire_activations;
+  static constexpr choice<wire> formats[] = {{"f32", wire::f32}, {"f16", wire::f16}, {"int8", wire::int8}};
+  r.read_choice("expert_activations", s.expert_activations, std::span<const choice<wire>>(formats));
   r.read("expert_overlap", s.expert_overlap);
   r.read("expert_replicas_per_shard", s.expert_replicas_per_shard, {0, 1024, "experts per shard and layer"});
   r.read("expert_rebalance_every_steps", s.expert_rebalance_every_steps, {0, int64_t{1} << 40, "steps; 0 = never"});

@@ -91,7 +91,8 @@ struct backend_settings {
   // Or: tireless-shard processes, one address each ("host:port", "unix:/path"); the experts
   // each holds come from its own command line.
   std::vector<std::string> expert_shard_addresses;
-  bool expert_activations_f16 = false;       // activations on the wire: f32 (exact) or f16
+  // Activations on the wire: f32 (exact), f16 or int8 (a scale per row).
+  enum class wire_activations { f32, f16, int8 } expert_activations = wire_activations::f32;
   // Shard processes only: split a step of several sequences into two micro-batches, one's
   // attention here while the other's experts run (ping-pong).
   bool expert_overlap = false;

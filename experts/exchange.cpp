@@ -271,24 +271,24 @@ bool expert_exchange::dispatch(lane& l) {
     }
     for (int32_t t : part.token_of_row) l.row_of[t] = -1;
   }
-  const size_t abytes = activation_bytes(opt_.activations);
+  const size_t row_bytes = activation_row_bytes(opt_.activations, static_cast<size_t>(width_));
   int64_t bytes = 0, rows_sent = 0;
   for (int32_t s = 0; s < n_shards; ++s) {
     const shard_part& part = l.parts[s];
     l.requests[s].reset();
     if (part.slots.empty()) continue;
     const auto rows = static_cast<int64_t>(part.token_of_row.size());
-    auto& msg = l.requests[s].emplace(static_cast<unsigned>(16 + (rows * width_ * abytes + part.slots.size() * 8) / 8));
+    auto& msg = l.requests[s].emplace(static_cast<unsigned>(16 + (rows * row_bytes + part.slots.size() * 8) / 8));
     auto b = msg.init();
     b.setLayer(rt.layer);
     b.setRows(static_cast<int32_t>(rows));
     b.setWidth(static_cast<int32_t>(width_));
     b.setActivations(opt_.activations);
-    auto x = b.initX(static_cast<unsigned>(rows * width_ * abytes));
+    auto x = b.initX(static_cast<unsigned>(rows * row_bytes));
     for (int64_t r = 0; r < rows; ++r) {
       const float* row = rt.x + part.token_of_row[r] * rt.ld;
-      encode_activations(opt_.activations, std::span<const float>(row, static_cast<size_t>(width_)),
-                         x.slice(static_cast<size_t>(r * width_) * abytes, static_cast<size_t>((r + 1) * width_) * abytes));
+      encode_activations(opt_.activations, std::span<const float>(row, static_cast<size_t>(width_)), static_cast<size_t>(width_),
+                         x.slice(static_cast<size_t>(r) * row_bytes, static_cast<size_t>(r + 1) * row_bytes));
     }
     auto slot_row = b.initSlotRow(static_cast<unsigned>(part.slots.size()));
     auto slot_expert = b.initSlotExpert(static_cast<unsigned>(part.slots.size()));
@@ -332,7 +332,7 @@ void expert_exchange::gather(lane& l) {
       const shard_part& part = l.parts[s];
       auto& reply = replies[s];
       last = std::max(last, reply.at);
-      const size_t pair_bytes = static_cast<size_t>(width_) * activation_bytes(opt_.activations);
+      const size_t pair_bytes = activation_row_bytes(opt_.activations, static_cast<size_t>(width_));
       if (!reply.msg || reply.msg->get().getY().size() != part.slots.size() * pair_bytes) {
         failed.push_back(s);  // no reply, or one of the wrong size: re-run its pairs elsewhere
         continue;
@@ -342,7 +342,7 @@ void expert_exchange::gather(lane& l) {
       stats_.bytes_in += static_cast<int64_t>(reply.msg->size_bytes());
       for (size_t p = 0; p < part.slots.size(); ++p) {
         const int32_t slot = part.slots[p];
-        decode_activations(opt_.activations, y.slice(p * pair_bytes, (p + 1) * pair_bytes),
+        decode_activations(opt_.activations, y.slice(p * pair_bytes, (p + 1) * pair_bytes), static_cast<size_t>(width_),
                            std::span<float>(l.slots.data() + static_cast<int64_t>(slot) * width_, static_cast<size_t>(width_)));
         l.done[slot] = 1;
         ++stats_.per_expert_pairs[static_cast<size_t>(placement_.key(rt.layer, rt.experts[slot]))];

@@ -1,6 +1,8 @@
 #include "experts/expert_service.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 
@@ -14,28 +16,60 @@
 
 namespace tireless {
 
-size_t activation_bytes(proto::Activations a) { return a == proto::Activations::F16 ? 2 : 4; }
-
-void encode_activations(proto::Activations a, std::span<const float> v, capnp::Data::Builder out) {
-  if (a == proto::Activations::F32) {
-    std::memcpy(out.begin(), v.data(), v.size() * sizeof(float));
-    return;
-  }
-  for (size_t i = 0; i < v.size(); ++i) {
-    const uint16_t h = cpu::fp32_to_fp16(v[i]);
-    std::memcpy(out.begin() + 2 * i, &h, 2);
+size_t activation_row_bytes(proto::Activations a, size_t width) {
+  switch (a) {
+    case proto::Activations::F16: return 2 * width;
+    case proto::Activations::INT8: return width + sizeof(float);
+    default: return 4 * width;
   }
 }
 
-void decode_activations(proto::Activations a, capnp::Data::Reader in, std::span<float> out) {
-  if (in.size() != out.size() * activation_bytes(a)) {
-    throw std::invalid_argument(fmt::format("activations of {} bytes where {} values were expected", in.size(), out.size()));
+void encode_activations(proto::Activations a, std::span<const float> v, size_t width, capnp::Data::Builder out) {
+  uint8_t* o = out.begin();
+  switch (a) {
+    case proto::Activations::F16:
+      for (size_t i = 0; i < v.size(); ++i) {
+        const uint16_t h = cpu::fp32_to_fp16(v[i]);
+        std::memcpy(o + 2 * i, &h, 2);
+      }
+      return;
+    case proto::Activations::INT8:
+      for (size_t r = 0; r * width < v.size(); ++r, o += width + sizeof(float)) {
+        const float* x = v.data() + r * width;
+        float amax = 0.0f;
+        for (size_t i = 0; i < width; ++i) amax = std::max(amax, std::fabs(x[i]));
+        const float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        std::memcpy(o, &scale, sizeof(float));
+        for (size_t i = 0; i < width; ++i) {
+          o[sizeof(float) + i] = static_cast<uint8_t>(static_cast<int8_t>(std::lrintf(x[i] * inv)));
+        }
+      }
+      return;
+    default:
+      std::memcpy(o, v.data(), v.size() * sizeof(float));
   }
-  if (a == proto::Activations::F32) {
-    std::memcpy(out.data(), in.begin(), in.size());
-    return;
+}
+
+void decode_activations(proto::Activations a, capnp::Data::Reader in, size_t width, std::span<float> out) {
+  if (width == 0 || out.size() % width != 0 || in.size() != out.size() / width * activation_row_bytes(a, width)) {
+    throw std::invalid_argument(fmt::format("activations of {} bytes where {} values in rows of {} were expected", in.size(),
+                                            out.size(), width));
   }
-  for (size_t i = 0; i < out.size(); ++i) out[i] = cpu::fp16_to_fp32(cpu::load_u16(in.begin() + 2 * i));
+  const uint8_t* p = in.begin();
+  switch (a) {
+    case proto::Activations::F16:
+      for (size_t i = 0; i < out.size(); ++i) out[i] = cpu::fp16_to_fp32(cpu::load_u16(p + 2 * i));
+      return;
+    case proto::Activations::INT8:
+      for (size_t r = 0; r * width < out.size(); ++r, p += width + sizeof(float)) {
+        float scale;
+        std::memcpy(&scale, p, sizeof(float));
+        for (size_t i = 0; i < width; ++i) out[r * width + i] = scale * static_cast<float>(static_cast<int8_t>(p[sizeof(float) + i]));
+      }
+      return;
+    default:
+      std::memcpy(out.data(), p, in.size());
+  }
 }
 
 expert_service::expert_service(std::shared_ptr<const model> m, int threads, int64_t max_pairs, std::vector<int32_t> experts)
@@ -70,11 +104,11 @@ void expert_service::serve(proto::ExpertRequest::Reader r, proto::ExpertReply::B
     if (row[p] < 0 || row[p] >= rows) throw std::invalid_argument(fmt::format("pair {} names row {} of {}", p, row[p], rows));
   }
   x_.resize(static_cast<size_t>(rows * width));
-  decode_activations(r.getActivations(), r.getX(), x_);
+  decode_activations(r.getActivations(), r.getX(), static_cast<size_t>(width), x_);
   y_.resize(static_cast<size_t>(pairs * width));
   experts_->compute_pairs(r.getLayer(), x_.data(), width, pairs, row.data(), expert.data(), y_.data());
-  auto y = reply.initY(static_cast<unsigned>(y_.size() * activation_bytes(r.getActivations())));
-  encode_activations(r.getActivations(), y_, y);
+  auto y = reply.initY(static_cast<unsigned>(pairs * activation_row_bytes(r.getActivations(), static_cast<size_t>(width))));
+  encode_activations(r.getActivations(), y_, static_cast<size_t>(width), y);
   reply.setMicros(static_cast<uint32_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count()));
 }

@@ -18,10 +18,12 @@ class local_experts;
 class thread_pool;
 }  // namespace cpu
 
-// Activations on the wire: f32 as they are, f16 rounded to IEEE half.
-void encode_activations(proto::Activations a, std::span<const float> v, capnp::Data::Builder out);
-void decode_activations(proto::Activations a, capnp::Data::Reader in, std::span<float> out);
-size_t activation_bytes(proto::Activations a);
+// Activations on the wire, rows of `width` values: f32 as they are, f16 rounded to IEEE half,
+// int8 with one f32 scale per row (symmetric, max |x| / 127). decode throws
+// std::invalid_argument when the bytes are not whole rows of out's size.
+void encode_activations(proto::Activations a, std::span<const float> v, size_t width, capnp::Data::Builder out);
+void decode_activations(proto::Activations a, capnp::Data::Reader in, size_t width, std::span<float> out);
+size_t activation_row_bytes(proto::Activations a, size_t width);
 
 class expert_service {
  public:

@@ -143,6 +143,7 @@ struct StepReply {
 enum Activations {
   f32 @0;
   f16 @1;                      # IEEE half: half the bytes, rounded (not bit-equal to f32)
+  int8 @2;                     # per row: an f32 scale (max |x| / 127), then one int8 per value
 }
 
 struct ExpertRequest {

@@ -49,7 +49,9 @@ int main(int argc, char** argv) {
   int32_t replicas = 0;
   app.add_option("--expert-shard", shard_addresses,
                  "MoE: run the experts on this tireless-shard process (HOST:PORT; repeat for each shard)");
-  app.add_flag("--expert-f16", f16, "with --expert-shard: f16 activations on the wire (f32 otherwise: exact)");
+  bool int8 = false;
+  auto* f16_flag = app.add_flag("--expert-f16", f16, "with --expert-shard: f16 activations on the wire (f32 otherwise: exact)");
+  app.add_flag("--expert-int8", int8, "with --expert-shard: int8 activations with a scale per row")->excludes(f16_flag);
   app.add_option("--rebalance-every", rebalance_every,
                  "with --expert-shard: replicate hot experts every N tokens (EPLB), at most --replicas per shard and layer")
       ->check(CLI::NonNegativeNumber);
@@ -96,7 +98,9 @@ int main(int argc, char** argv) {
     std::unique_ptr<tireless::expert_exchange> exchange;
     if (!shard_addresses.empty()) {
       tireless::expert_exchange_options eo;
-      eo.activations = f16 ? tireless::proto::Activations::F16 : tireless::proto::Activations::F32;
+      eo.activations = f16 ? tireless::proto::Activations::F16
+                       : int8 ? tireless::proto::Activations::INT8
+                              : tireless::proto::Activations::F32;
       eo.rebalance_every = rebalance_every * m->config().n_layer;
       eo.replicas_per_shard = replicas;
       eo.revive_wait = std::chrono::milliseconds(revive_wait_ms);

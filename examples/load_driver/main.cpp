@@ -115,6 +115,10 @@ void shorten(scenario& s) {
     c.burst_every_s *= scale;
     c.burst_for_s *= scale;
   }
+  for (auto& e : s.expert_group) {
+    e.at_s *= scale;
+    e.for_s *= scale;
+  }
   s.calibration_s = std::min(s.calibration_s, 120.0);
   s.calibration_warmup_s = std::min(s.calibration_warmup_s, 30.0);
 }

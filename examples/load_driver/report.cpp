@@ -537,6 +537,31 @@ std::string run_table(const run_result& run, const run_metrics& m, const scenari
   }
   out += fmt::format("  by tenant: {}\n", tenants);
   out += fmt::format("  worst {:g}-s window of {}: SLO among feasible / late share: {}\n", m.window_s, m.windows.size(), worst);
+  // The expert group's faults: each tier before the first and during each, by arrival time.
+  const auto span_text = [&](double from, double to) {
+    const window_metrics w = count_window(run, m, std::max(from, run.measure_from_s), std::min(to, run.measure_to_s));
+    std::string text;
+    for (size_t k = 0; k < w.tiers.size(); ++k) {
+      const auto& c = w.tiers[k];
+      text += fmt::format("{}{} {} / {}", text.empty() ? "" : ", ", m.tiers[k].tier, pct(ratio(c.feasible_met, c.feasible)),
+                          c.completed > 0 ? pct(ratio(c.late, c.completed)) : std::string("-"));
+    }
+    return text;
+  };
+  for (size_t i = 0; i < s.expert_group.size(); ++i) {
+    const auto& e = s.expert_group[i];
+    const double end = e.for_s > 0 ? e.at_s + e.for_s : run.measure_to_s;
+    if (i == 0 && e.at_s > run.measure_from_s) {
+      out += fmt::format("  before the expert group's faults ({:.0f}-{:.0f} s): SLO among feasible / late share: {}\n",
+                         run.measure_from_s, e.at_s, span_text(run.measure_from_s, e.at_s));
+    }
+    if (e.at_s >= run.measure_to_s) {
+      out += fmt::format("  expert group fault {} at {:.0f} s: after the measured run\n", i, e.at_s);
+      continue;
+    }
+    out += fmt::format("  expert group fault {} ({} device(s) down, imbalance {:g}, stall {:g} ms; {:.0f}-{:.0f} s): {}\n", i,
+                       e.down, e.imbalance, e.stall_ms, e.at_s, std::min(end, run.measure_to_s), span_text(e.at_s, end));
+  }
   if (m.drop_s >= 0) {
     out += std::isnan(m.recovery_s)
                ? fmt::format("  recovery: the load drops to the capacity at {:.0f} s; some tier stays below 99% to the end\n",

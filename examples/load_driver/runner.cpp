@@ -138,7 +138,7 @@ run_result run_open_loop(target& t, const scenario& s, admission_policy policy, 
   st->records.resize(plan.size());
   for (size_t i = 0; i < plan.size(); ++i) {
     st->records[i].plan = plan[i];
-    st->records[i].idle_ttft_s = t.idle_first_token_s(plan[i].prompt_tokens);
+    st->records[i].idle_ttft_s = t.idle_first_token_s(plan[i].prompt_tokens, plan[i].arrival_s);
   }
 
   auto session = t.open(policy, s.lift_quotas, out.label);

@@ -362,6 +362,38 @@ void read_target(reader& r, const toml::table& doc, scenario& s) {
   }
 }
 
+void read_faults(reader& r, const toml::table& doc, scenario& s) {
+  const toml::table* t = r.table(doc, "faults", "", false);
+  if (!t) return;
+  r.only(*t, "faults", {"expert_group"});
+  const toml::node* n = t->get("expert_group");
+  if (!n) return;
+  const toml::array* a = n->as_array();
+  if (!a) {
+    r.error(n, "faults.expert_group", "must be an array of tables ([[faults.expert_group]])");
+    return;
+  }
+  if (s.target != target_kind::virtual_sim) {
+    r.error(n, "faults.expert_group", "applies to the virtual target only (a server takes [[faults.expert_group]] in its config)");
+  }
+  for (size_t i = 0; i < a->size(); ++i) {
+    const std::string path = fmt::format("faults.expert_group[{}]", i);
+    const toml::table* e = a->get(i)->as_table();
+    if (!e) {
+      r.error(a->get(i), path, "must be a table: at_s, for_s, down, imbalance, stall_ms");
+      continue;
+    }
+    r.only(*e, path, {"at_s", "for_s", "down", "imbalance", "stall_ms"});
+    fault_settings::expert_group_event ev;
+    ev.at_s = r.number(*e, "at_s", path, 0, 1e9, true).value_or(0);
+    ev.for_s = r.number(*e, "for_s", path, 0, 1e9).value_or(0);
+    ev.down = static_cast<int32_t>(r.integer(*e, "down", path, 0, 1'000'000).value_or(0));
+    ev.imbalance = r.number(*e, "imbalance", path, 1, 1e6).value_or(1);
+    ev.stall_ms = r.number(*e, "stall_ms", path, 0, 3.6e6).value_or(0);
+    s.expert_group.push_back(ev);
+  }
+}
+
 void read_run(reader& r, const toml::table& doc, scenario& s) {
   const toml::table* t = r.table(doc, "run", "", false);
   if (!t) return;
@@ -514,7 +546,7 @@ scenario parse_scenario(std::string_view toml_text, const std::filesystem::path&
     throw scenario_error({fmt::format("{}:{}:{}: not valid TOML: {}", file.string(), b.line, b.column, e.description())});
   }
   reader r(file.string());
-  r.only(doc, "", {"name", "description", "target", "run", "capacity", "arrivals", "mix"});
+  r.only(doc, "", {"name", "description", "target", "run", "capacity", "arrivals", "mix", "faults"});
   s.name = r.string(doc, "name", "").value_or(s.name);
   s.description = r.string(doc, "description", "").value_or("");
   read_target(r, doc, s);
@@ -528,14 +560,16 @@ scenario parse_scenario(std::string_view toml_text, const std::filesystem::path&
   }
   read_run(r, doc, s);
   read_capacity(r, doc, s);
+  read_faults(r, doc, s);
   if (r.problems().empty()) read_arrivals(r, doc, s, files);
   if (!r.problems().empty()) throw scenario_error(r.problems());
   return s;
 }
 
-runtime_config run_config(const scenario& s, admission_policy policy, bool lift_quotas) {
+runtime_config run_config(const scenario& s, admission_policy policy, bool lift_quotas, bool faults) {
   runtime_config c = s.config;
   c.admission.policy = policy;
+  if (faults) c.faults.expert_group.insert(c.faults.expert_group.end(), s.expert_group.begin(), s.expert_group.end());
   if (lift_quotas) {
     for (tenant_settings& t : c.tenants) {
       t.requests_per_minute = 0;

@@ -108,6 +108,11 @@ struct scenario {
 
   std::vector<request_class> mix;  // empty for a trace
 
+  // [[faults.expert_group]] (virtual target): the expert-parallel group's conditions during
+  // the measured runs (not the capacity calibration), in seconds from the run's start: devices
+  // down, a hot expert. The same keys as the runtime config's [[faults.expert_group]].
+  std::vector<fault_settings::expert_group_event> expert_group;
+
   const tier_settings& tier(int32_t i) const { return config.tiers.at(static_cast<size_t>(i)); }
   int32_t tier_count() const { return static_cast<int32_t>(config.tiers.size()); }
   // The wait for outcomes after the last arrival: drain_s, or the config's request timeout
@@ -130,8 +135,9 @@ struct scenario_files {
 // The same for a scenario's text in memory, named `file` (its folder resolves relative paths).
 scenario parse_scenario(std::string_view toml_text, const std::filesystem::path& file, const scenario_files& files);
 
-// The target configuration for one run: `policy`, and quotas lifted when asked.
-runtime_config run_config(const scenario& s, admission_policy policy, bool lift_quotas);
+// The target configuration for one run: `policy`, quotas lifted when asked, and the
+// scenario's faults where `faults` (not for the capacity calibration).
+runtime_config run_config(const scenario& s, admission_policy policy, bool lift_quotas, bool faults = true);
 
 std::vector<admission_policy> parse_policies(const std::vector<std::string>& names);  // throws
 

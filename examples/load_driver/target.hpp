@@ -50,8 +50,9 @@ class target {
   virtual std::string describe() const = 0;
   // Seconds to the first token of a prompt of this many tokens on an idle engine (its whole
   // prefill, in steps of engine.max_step_tokens, by the target's own cost model); NaN when the
-  // target has none. Longer than its tier's TTFT target: the request is infeasible.
-  virtual double idle_first_token_s(int32_t prompt_tokens) const;
+  // target has none. Longer than its tier's TTFT target: the request is infeasible. at_s: when
+  // in the run it arrives (a target with faults over time counts those in force then).
+  virtual double idle_first_token_s(int32_t prompt_tokens, double at_s) const;
 };
 
 std::unique_ptr<target> make_virtual_target(const scenario& s);

@@ -54,9 +54,18 @@ class virtual_session final : public target_session {
 
 class virtual_target final : public target {
  public:
-  explicit virtual_target(const scenario& s) : s_(s), profile_(configured_sim_profile(s.config)) {}
+  explicit virtual_target(const scenario& s) : s_(s), profile_(configured_sim_profile(s.config)) {
+    // The scenario's faults must fit the profile's expert-parallel group: refused here, before any run.
+    try {
+      make_configured_sim(run_config(s_, admission_policy::fcfs, false), limits_, false);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(fmt::format("{}: [[faults.expert_group]]: {}", s_.file.string(), e.what()));
+    }
+  }
 
-  double idle_first_token_s(int32_t prompt_tokens) const override {
+  // At at_s of a run: under the expert group's faults in force then.
+  double idle_first_token_s(int32_t prompt_tokens, double at_s) const override {
+    const sim::expert_condition condition = sim::condition_at(events_, profile_.ep.degree, at_s);
     // The steps of the prompt's prefill alone: chunks of max_step_tokens, each attending the
     // positions before it; the last one samples the first token.
     const int64_t chunk = std::max(s_.config.engine.max_step_tokens, 1);
@@ -66,13 +75,13 @@ class virtual_target final : public target {
       sim::step_shape shape;
       shape.prefill_tokens = n;
       shape.prefill_context = n * at + n * (n + 1) / 2;  // sum over its tokens of pos + 1
-      seconds += sim::step_seconds(profile_, shape);
+      seconds += sim::step_seconds(profile_, shape, condition);
     }
     return seconds;
   }
 
-  std::unique_ptr<target_session> open(admission_policy policy, bool lift_quotas, const std::string&) override {
-    return std::make_unique<virtual_session>(run_config(s_, policy, lift_quotas));
+  std::unique_ptr<target_session> open(admission_policy policy, bool lift_quotas, const std::string& label) override {
+    return std::make_unique<virtual_session>(run_config(s_, policy, lift_quotas, label != "capacity"));
   }
   bool virtual_time() const override { return true; }
   std::string describe() const override {
@@ -82,11 +91,13 @@ class virtual_target final : public target {
  private:
   const scenario& s_;
   sim::sim_profile profile_;
+  resolved_limits limits_;
+  std::vector<sim::expert_event> events_ = expert_events(s_.expert_group);
 };
 
 }  // namespace
 
-double target::idle_first_token_s(int32_t) const { return std::numeric_limits<double>::quiet_NaN(); }
+double target::idle_first_token_s(int32_t, double) const { return std::numeric_limits<double>::quiet_NaN(); }
 
 std::unique_ptr<target> make_virtual_target(const scenario& s) { return std::make_unique<virtual_target>(s); }
 

@@ -135,16 +135,7 @@ void sim_backend::set_expert_events(std::vector<expert_event> events) {
   stalled_.assign(events_.size(), 0);
 }
 
-expert_condition sim_backend::condition() const {
-  expert_condition c;
-  for (const expert_event& e : events_) {
-    if (now_ < e.at_s || (e.for_s > 0 && now_ >= e.at_s + e.for_s)) continue;
-    c.down += e.down;
-    c.imbalance = std::max(c.imbalance, e.imbalance);
-  }
-  c.down = std::min(c.down, std::max(0, profile_.ep.degree - 1));
-  return c;
-}
+expert_condition sim_backend::condition() const { return condition_at(events_, profile_.ep.degree, now_); }
 
 void sim_backend::copy_blocks(std::span<const std::pair<int32_t, int32_t>> src_dst) {
   const int32_t n = profile_.kv.n_blocks;

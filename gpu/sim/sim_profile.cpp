@@ -41,6 +41,17 @@ double busiest_load(const expert_parallel& ep, const expert_condition& c) {
 
 }  // namespace
 
+expert_condition condition_at(const std::vector<expert_event>& events, int32_t degree, double t) {
+  expert_condition c;
+  for (const expert_event& e : events) {
+    if (t < e.at_s || (e.for_s > 0 && t >= e.at_s + e.for_s)) continue;
+    c.down += e.down;
+    c.imbalance = std::max(c.imbalance, e.imbalance);
+  }
+  c.down = std::min(c.down, std::max(0, degree - 1));
+  return c;
+}
+
 double exchange_seconds(const sim_profile& p, const step_shape& s, const expert_condition& c) {
   const expert_parallel& ep = p.ep;
   const auto tokens = static_cast<double>(s.prefill_tokens + s.decode_seqs);

@@ -91,6 +91,10 @@ struct sim_profile {
   token_id end_sampled_token = 0;
 };
 
+// The group's condition at t: the devices down of every event in force (at most all but one),
+// the largest imbalance among them.
+expert_condition condition_at(const std::vector<expert_event>& events, int32_t degree, double t);
+
 // A step's seconds under expert parallelism: cost's, with the routed-expert work scaled by the
 // busiest device's load (imbalance x degree / live devices), and the exchange's time (bytes into
 // the busiest device over the link, plus latency) overlapped with compute or added to it.

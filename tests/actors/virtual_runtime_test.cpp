@@ -36,6 +36,42 @@ TEST(virtual_runtime, replays_minutes_of_traffic_with_one_outcome_each) {
   EXPECT_EQ(s.live_requests, 0);
 }
 
+// One request of 1,000 prompt and 200 output tokens alone on the engine: its outcome.
+outcome alone(const runtime_config& c) {
+  virtual_runtime rt(c);
+  request r;
+  r.api_key = c.tenants.front().keys.front();
+  for (int t = 0; t < 1000; ++t) r.prompt_tokens.push_back(1000 + t);
+  r.max_tokens = 200;
+  outcome out;
+  rt.submit(r, nullptr, [&](const outcome& o) { out = o; });
+  rt.run();
+  return out;
+}
+
+TEST(virtual_runtime, the_expert_groups_faults_slow_the_steps_while_they_last) {
+  const runtime_config healthy = k2();
+  const outcome even = alone(healthy);
+  ASSERT_EQ(even.kind, outcome_kind::completed);
+  runtime_config hot = healthy;
+  hot.faults.expert_group.push_back({.at_s = 0, .imbalance = 2.0});
+  const outcome slow = alone(hot);
+  ASSERT_EQ(slow.kind, outcome_kind::completed);
+  // The routed-expert work (2/3 of the per-token costs) twice as long, the prefill bound by the
+  // hot device's link: 1,000 × 137 µs × 0.66 + 200 × 293 µs × 0.66 + (1,000 × 2 × 142 µs - 137 ms) ≈ 275 ms
+  EXPECT_GT(slow.total_ms, even.total_ms + 150);
+  runtime_config later = healthy;
+  later.faults.expert_group.push_back({.at_s = 3600, .down = 8, .imbalance = 2.0, .stall_ms = 5000});
+  EXPECT_DOUBLE_EQ(alone(later).total_ms, even.total_ms);  // not yet in force
+  runtime_config stall = healthy;
+  stall.faults.expert_group.push_back({.at_s = 0, .for_s = 1, .stall_ms = 2000});
+  const outcome stalled = alone(stall);
+  // the stall, and the engine's step-time model catching up with a 2-s step
+  EXPECT_GE(stalled.total_ms - even.total_ms, 2000.0);
+  EXPECT_LT(stalled.total_ms - even.total_ms, 2500.0);
+  EXPECT_GE(stalled.longest_pause_ms + stalled.time_to_first_token_ms, 2000.0);
+}
+
 TEST(virtual_runtime, refuses_a_non_sim_backend) {
   runtime_config c = k2();
   c.backend.kind = backend_kind::cpu;

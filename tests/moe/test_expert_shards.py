@@ -180,6 +180,10 @@ def main(argv=None) -> int:
                     check(len(got.strip()) > 0 and st["req_bytes"] < 0.6 * f32_bytes,
                           f"f16 activations: {st['req_bytes']} request bytes per row (f32: {f32_bytes}); "
                           f"text {got[:40]!r}")
+                    got, st = generate(a.build, moe, prompts[1], n, addrs, ["--expert-int8"])
+                    check(len(got.split()) >= n // 4 and st["req_bytes"] < 0.35 * f32_bytes,
+                          f"int8 activations: {st['req_bytes']} request bytes per row (f32: {f32_bytes}); "
+                          f"text {got[:40]!r}")
                 shards.stop()
             if SANITIZED:
                 return 1 if failures else 0
