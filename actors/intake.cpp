@@ -82,6 +82,42 @@ std::optional<admission_decision> intake::refuse_at_once(uint64_t id, const requ
   return gate_->try_refuse(a);
 }
 
+replica_view intake::view(const request& r) {
+  replica_view v;
+  v.up = accepting_.load() && gate_ != nullptr;
+  if (!v.up) return v;
+  const tier_settings* tier = &config_.tiers.front();
+  arrival a;
+  if (!config_.tenants.empty()) {
+    auto t = tenant_by_key_.find(r.api_key);
+    if (t == tenant_by_key_.end()) {
+      v.would_refuse = true;  // every replica refuses an unknown key
+      return v;
+    }
+    a.tenant = t->second->name;
+    tier = config_.find_tier(t->second->tier);
+  }
+  a.tier = tier->name;
+  a.max_tokens = effective_max_tokens(r, request_limits_);
+  a.now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(sys_.clock().now().time_since_epoch()).count();
+  a.retry_token = r.retry_token;
+  // A text prompt's tokens are not counted here: about four bytes a token.
+  a.prompt_tokens = !r.prompt_tokens.empty() ? static_cast<int32_t>(r.prompt_tokens.size())
+                                             : std::max<int32_t>(1, static_cast<int32_t>(prompt_text_bytes(r) / 4));
+  auto lock = gate_->lock();
+  admission_control& c = gate_->control();
+  v.would_refuse = c.would_refuse(a);
+  v.predicted_ttft_s = c.predicted_ttft(a.tier, a.prompt_tokens);
+  v.queued = c.queued();
+  return v;
+}
+
+double intake::idle_prefill_s(int32_t tokens) {
+  if (!gate_) return 0;
+  auto lock = gate_->lock();
+  return gate_->control().idle_prefill(tokens);
+}
+
 uint64_t intake::submit(request r, runtime::token_callback on_token, runtime::outcome_callback on_outcome) {
   const uint64_t id = next_id_++;
   auto refuse = [&](std::string_view reason, std::string message, int64_t retry_after, uint64_t token = 0) {

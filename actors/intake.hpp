@@ -20,6 +20,7 @@
 #include "config/resolved_limits.hpp"
 #include "config/runtime_config.hpp"
 #include "scheduler/admission_control.hpp"
+#include "scheduler/router.hpp"
 #include "tireless/runtime.hpp"
 
 namespace tireless {
@@ -48,6 +49,11 @@ class intake {
   // Cancels every live request (cancelled, shutdown).
   void cancel_all();
   intake_counts counts() const;
+  // What a fleet's router needs to place `r` on this replica now (scheduler/router.hpp):
+  // whether its admission would refuse it, its predicted first token, its queue.
+  replica_view view(const request& r);
+  // Seconds this replica's prefill of `tokens` prompt tokens takes idle (its admission's step model).
+  double idle_prefill_s(int32_t tokens);
   // Stops the spawner and lets go of every actor handle (requests are refused from now on).
   void detach();
   const request_limits& limits() const { return request_limits_; }

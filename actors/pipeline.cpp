@@ -116,4 +116,43 @@ void stop_pipeline(const pipeline& p) {
   }
 }
 
+void add_replica(runtime_stats& t, const runtime_stats& r) {
+  t.running += r.running;
+  t.waiting_in_engine += r.waiting_in_engine;
+  t.queued_in_admission += r.queued_in_admission;
+  t.live_requests += r.live_requests;
+  t.kv_blocks_total += r.kv_blocks_total;
+  t.kv_blocks_free += r.kv_blocks_free;
+  t.kv_blocks_cached_free += r.kv_blocks_cached_free;
+  t.kv_blocks_used += r.kv_blocks_used;
+  t.prefix_hit_blocks += r.prefix_hit_blocks;
+  t.prefix_miss_blocks += r.prefix_miss_blocks;
+  t.evictions += r.evictions;
+  t.steps += r.steps;
+  t.shard_restarts += r.shard_restarts;
+  t.prefill_tokens += r.prefill_tokens;
+  t.decode_tokens += r.decode_tokens;
+  t.step_seconds += r.step_seconds;
+  if (t.step_time_counts.size() < r.step_time_counts.size()) t.step_time_counts.resize(r.step_time_counts.size(), 0);
+  for (size_t i = 0; i < r.step_time_counts.size(); ++i) t.step_time_counts[i] += r.step_time_counts[i];
+  t.completed += r.completed;
+  t.rejected += r.rejected;
+  t.cancelled += r.cancelled;
+  t.failed += r.failed;
+  t.late_refusals += r.late_refusals;
+  for (const auto& [tier, n] : r.queued_by_tier) {
+    auto it = std::find_if(t.queued_by_tier.begin(), t.queued_by_tier.end(), [&](const auto& q) { return q.first == tier; });
+    if (it == t.queued_by_tier.end()) {
+      t.queued_by_tier.emplace_back(tier, n);
+    } else {
+      it->second += n;
+    }
+  }
+  t.max_mailbox_engine = std::max(t.max_mailbox_engine, r.max_mailbox_engine);
+  t.max_mailbox_admission = std::max(t.max_mailbox_admission, r.max_mailbox_admission);
+  t.max_mailbox_kv_manager = std::max(t.max_mailbox_kv_manager, r.max_mailbox_kv_manager);
+  t.door_capacity += r.door_capacity;
+  if (t.backend_problem.empty()) t.backend_problem = r.backend_problem;
+}
+
 }  // namespace tireless

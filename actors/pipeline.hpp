@@ -49,6 +49,9 @@ int64_t door_capacity(const runtime_config& config, const pipeline_options& opti
 void add_to(runtime_stats& s, const engine_stats& e);
 void add_to(runtime_stats& s, const admission_stats& a);
 void add_to(runtime_stats& s, const kv_stats& k);
+// A fleet's stats: one replica's added to the total (counts and queues summed, the largest
+// mailboxes kept, the first backend problem).
+void add_replica(runtime_stats& total, const runtime_stats& replica);
 
 // Stops the pipeline's actors (sessions end on their own).
 void stop_pipeline(const pipeline& p);

@@ -5,6 +5,7 @@
 // seconds, and the same inputs give the same run every time. For load studies and tests.
 
 #include <memory>
+#include <vector>
 
 #include "config/runtime_config.hpp"
 #include "tireless/runtime.hpp"
@@ -14,7 +15,11 @@ namespace tireless {
 class virtual_runtime {
  public:
   // config.backend.kind must be "sim". Throws std::runtime_error otherwise or on a bad profile.
-  explicit virtual_runtime(const runtime_config& config);
+  // replicas > 1: a fleet of that many replicas (each its own backend, KV pool, actors and
+  // admission) behind one router (scheduler/router.hpp) that picks a replica per request from
+  // what each publishes (its admission's prediction, whether it would refuse, its queue) and by
+  // prefix affinity; each replica enforces 1/replicas of every tenant's quotas.
+  explicit virtual_runtime(const runtime_config& config, int32_t replicas = 1);
   ~virtual_runtime();
   virtual_runtime(const virtual_runtime&) = delete;
   virtual_runtime& operator=(const virtual_runtime&) = delete;
@@ -29,8 +34,11 @@ class virtual_runtime {
   // Runs until nothing is left to do.
   void run();
 
-  runtime_stats stats();
+  runtime_stats stats();  // the fleet's, summed over its replicas
   std::string describe() const;
+  int32_t replicas() const;
+  std::vector<int64_t> routed() const;  // requests the router sent to each replica
+  int64_t affinity_hits() const;        // of them, sent by prefix affinity
 
  private:
   struct impl;

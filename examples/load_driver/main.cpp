@@ -101,6 +101,7 @@ struct options {
   std::vector<double> multiples;
   std::vector<std::string> policies, faults;
   double duration = 0, warmup = -1, capacity = 0, calibration = 0;
+  int32_t replicas = 0;
   bool json_out = false, with_requests = false, short_form = false;
 };
 
@@ -137,6 +138,10 @@ scenario_outcome run_scenario(const std::string& scenario_path, const options& o
     if (o.warmup >= 0) s.warmup_s = o.warmup;
     if (o.capacity > 0) s.capacity_rps = o.capacity;
     if (o.calibration > 0) s.calibration_s = o.calibration;
+    if (o.replicas > 0) {
+      if (s.target != target_kind::virtual_sim) throw std::runtime_error("--replicas applies to a virtual target");
+      s.replicas = o.replicas;
+    }
     if (!o.faults.empty() && s.target != target_kind::virtual_sim) {
       throw std::runtime_error("--fault applies to a virtual target; a server takes [faults] from its own config");
     }
@@ -389,6 +394,9 @@ int main(int argc, char** argv) {
   app.add_option("--policies", o.policies, "admission policies: fcfs,priority,tireless,least-slack")->delimiter(',');
   app.add_option("--duration", o.duration, "measured seconds per run (overrides run.duration_s)")->check(CLI::PositiveNumber);
   app.add_option("--warmup", o.warmup, "warm-up seconds per run (overrides run.warmup_s)")->check(CLI::NonNegativeNumber);
+  app.add_option("--replicas", o.replicas,
+                 "a virtual target's fleet: this many engine replicas behind one router (overrides target.replicas)")
+      ->check(CLI::Range(1, 4096));
   app.add_option("--capacity", o.capacity, "requests/s taken as the capacity instead of measuring it")->check(CLI::PositiveNumber);
   app.add_option("--calibration", o.calibration, "seconds of the capacity measurement (overrides capacity.calibration_s)")
       ->check(CLI::PositiveNumber);

@@ -77,7 +77,8 @@ capacity_result measure_capacity(target& t, const scenario& s, const progress_fn
   capacity_result c;
   c.warmup_s = s.calibration_warmup_s;
   c.window_s = s.calibration_s;
-  c.concurrency = s.concurrency > 0 ? s.concurrency : s.config.engine.max_step_seqs;
+  // The whole fleet's: concurrency per replica times the replicas.
+  c.concurrency = (s.concurrency > 0 ? s.concurrency : s.config.engine.max_step_seqs) * std::max(1, s.replicas);
   c.method = fmt::format(
       "closed loop: {} requests from the mix in flight (each outcome replaced at once), policy fcfs, tenant quotas "
       "lifted; completed requests per second over {:g} s after a {:g} s warm-up",

@@ -332,7 +332,7 @@ std::vector<trace_row> read_trace(reader& r, const scenario& s, const scenario_f
 void read_target(reader& r, const toml::table& doc, scenario& s) {
   const toml::table* t = r.table(doc, "target", "", true);
   if (!t) return;
-  r.only(*t, "target", {"kind", "config", "quotas", "address", "serve", "base_url", "keys"});
+  r.only(*t, "target", {"kind", "config", "quotas", "address", "serve", "base_url", "keys", "replicas"});
   const auto kind = r.choice(*t, "kind", "target", {"virtual", "server", "openai"}, true);
   s.target = kind == "server" ? target_kind::server : kind == "openai" ? target_kind::openai : target_kind::virtual_sim;
   s.base_url = r.string(*t, "base_url", "target").value_or("");
@@ -353,6 +353,10 @@ void read_target(reader& r, const toml::table& doc, scenario& s) {
   if (auto c = r.string(*t, "config", "target", true)) s.config_path = resolve(base, *c);
   s.lift_quotas = r.choice(*t, "quotas", "target", {"config", "lifted"}).value_or("config") == "lifted";
   s.address = r.string(*t, "address", "target").value_or("");
+  s.replicas = static_cast<int32_t>(r.integer(*t, "replicas", "target", 1, 4096).value_or(1));
+  if (s.replicas > 1 && s.target != target_kind::virtual_sim) {
+    r.error(t->get("replicas"), "target.replicas", "applies to kind = \"virtual\" only (a fleet of servers sits behind a load balancer)");
+  }
   if (auto p = r.string(*t, "serve", "target")) s.serve = resolve(base, *p);
   if (s.target == target_kind::virtual_sim && (!s.address.empty() || !s.serve.empty())) {
     r.error(t, "target", "address and serve apply to kind = \"server\" only");

@@ -80,6 +80,7 @@ struct scenario {
   std::filesystem::path config_path;
   runtime_config config;           // the target's base configuration, loaded
   bool lift_quotas = false;        // quotas = "lifted": tenants' quotas removed in every run
+  int32_t replicas = 1;            // virtual: engine replicas behind one router (the fleet)
   std::string address;             // server: "host:port" of a running server ("" = spawn one)
   std::filesystem::path serve;     // server: the tireless-serve program ("" = next to this one)
   std::string base_url;            // openai: "http://host:port" of an OpenAI-compatible server

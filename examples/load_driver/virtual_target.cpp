@@ -14,7 +14,7 @@ namespace {
 
 class virtual_session final : public target_session {
  public:
-  explicit virtual_session(const runtime_config& c) : rt_(c), default_timeout_(c.session.request_timeout) {}
+  virtual_session(const runtime_config& c, int32_t replicas) : rt_(c, replicas), default_timeout_(c.session.request_timeout) {}
 
   double now() override { return rt_.now(); }
   void advance_to(double t) override {
@@ -81,10 +81,14 @@ class virtual_target final : public target {
   }
 
   std::unique_ptr<target_session> open(admission_policy policy, bool lift_quotas, const std::string& label) override {
-    return std::make_unique<virtual_session>(run_config(s_, policy, lift_quotas, label != "capacity"));
+    return std::make_unique<virtual_session>(run_config(s_, policy, lift_quotas, label != "capacity"), s_.replicas);
   }
   bool virtual_time() const override { return true; }
   std::string describe() const override {
+    if (s_.replicas > 1) {
+      return fmt::format("virtual-time sim ({}, profile {}), {} replicas behind a router", s_.config_path.string(),
+                         s_.config.backend.sim_profile, s_.replicas);
+    }
     return fmt::format("virtual-time sim ({}, profile {})", s_.config_path.string(), s_.config.backend.sim_profile);
   }
 

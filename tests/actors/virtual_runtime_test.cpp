@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <vector>
 
 #include "actors/virtual_runtime.hpp"
 
@@ -70,6 +71,72 @@ TEST(virtual_runtime, the_expert_groups_faults_slow_the_steps_while_they_last) {
   EXPECT_GE(stalled.total_ms - even.total_ms, 2000.0);
   EXPECT_LT(stalled.total_ms - even.total_ms, 2500.0);
   EXPECT_GE(stalled.longest_pause_ms + stalled.time_to_first_token_ms, 2000.0);
+}
+
+// Requests of 200..2000 prompt tokens at `rate` a second for `seconds`, on a fleet of
+// `replicas`; the share refused, and every request's outcome counted once.
+struct fleet_run {
+  double refused = 0;
+  std::vector<int64_t> routed;
+  int64_t affinity_hits = 0;
+  runtime_stats stats;
+  bool one_outcome_each = true;
+};
+
+fleet_run drive(int32_t replicas, double rate, double seconds, int shared_prefixes = 0) {
+  runtime_config c = k2();
+  virtual_runtime rt(c, replicas);
+  std::map<uint64_t, int> outcomes;
+  int rejected = 0;
+  const std::string key = c.tenants.front().keys.front();
+  const int n = static_cast<int>(rate * seconds);
+  for (int i = 0; i < n; ++i) {
+    request r;
+    r.api_key = key;
+    // shared_prefixes > 0: requests open with one of that many 100-token system prompts
+    for (int t = 0; shared_prefixes > 0 && t < 100; ++t) r.prompt_tokens.push_back(500 + (i % shared_prefixes) * 100 + t);
+    for (int t = 0; t < 200 + (i % 7) * 300; ++t) r.prompt_tokens.push_back(1000 + (t * 13 + i) % 9000);
+    r.max_tokens = 50 + (i % 5) * 40;
+    rt.submit(r, nullptr, [&](const outcome& o) {
+      ++outcomes[o.request_id];
+      rejected += o.kind == outcome_kind::rejected;
+    });
+    rt.run_until(i / rate);
+  }
+  rt.run();
+  fleet_run out;
+  out.one_outcome_each = static_cast<int>(outcomes.size()) == n;
+  for (const auto& [id, k] : outcomes) out.one_outcome_each = out.one_outcome_each && k == 1;
+  out.refused = static_cast<double>(rejected) / n;
+  out.routed = rt.routed();
+  out.affinity_hits = rt.affinity_hits();
+  out.stats = rt.stats();
+  return out;
+}
+
+TEST(virtual_fleet, two_replicas_behind_the_router_serve_what_one_would_refuse_and_lose_nothing) {
+  // 10 requests a second of this mix is well over one H200's share, about right for two.
+  const fleet_run one = drive(1, 10, 120), two = drive(2, 10, 120);
+  EXPECT_TRUE(one.one_outcome_each);
+  EXPECT_TRUE(two.one_outcome_each);
+  EXPECT_GT(one.refused, 0.2);
+  EXPECT_LT(two.refused, one.refused / 2);
+  ASSERT_EQ(two.routed.size(), 2u);
+  EXPECT_EQ(two.routed[0] + two.routed[1], 1200);
+  EXPECT_GT(two.routed[1], 400);  // both replicas serve
+  EXPECT_GT(two.routed[0], 400);
+  // every KV block back, on both replicas; the fleet's pool is twice one's
+  EXPECT_EQ(two.stats.kv_blocks_total, 2 * one.stats.kv_blocks_total);
+  EXPECT_EQ(two.stats.kv_blocks_free, two.stats.kv_blocks_total);
+  EXPECT_EQ(two.stats.live_requests, 0);
+  EXPECT_EQ(two.stats.completed + two.stats.rejected, 1200);
+}
+
+TEST(virtual_fleet, requests_sharing_a_system_prompt_go_back_to_the_replica_that_cached_it) {
+  const fleet_run r = drive(4, 2, 120, 4);
+  EXPECT_TRUE(r.one_outcome_each);
+  EXPECT_GT(r.affinity_hits, 150);  // of 240, the first of each prefix excepted, while the fleet is idle enough
+  EXPECT_GT(r.stats.prefix_hit_blocks, 0);
 }
 
 TEST(virtual_runtime, refuses_a_non_sim_backend) {
