@@ -108,6 +108,7 @@ replica_view intake::view(const request& r) {
   admission_control& c = gate_->control();
   v.would_refuse = c.would_refuse(a);
   v.predicted_ttft_s = c.predicted_ttft(a.tier, a.prompt_tokens);
+  v.ttft_target_s = std::chrono::duration<double>(tier->ttft).count();
   v.queued = c.queued();
   return v;
 }

@@ -51,6 +51,7 @@ struct virtual_runtime::impl {
   uint64_t next_id = 1;
   std::unordered_map<uint64_t, std::pair<int32_t, uint64_t>> placed;
   std::vector<int64_t> routed;
+  std::vector<int32_t> outstanding;  // per replica: routed there, no outcome yet
 
   template <class F>
   void ask(const caf::actor& a, F f) {
@@ -83,6 +84,7 @@ virtual_runtime::virtual_runtime(const runtime_config& config, int32_t replicas)
     m.replicas.push_back(std::move(r));
   }
   m.routed.assign(static_cast<size_t>(replicas), 0);
+  m.outstanding.assign(static_cast<size_t>(replicas), 0);
   m.sched->run();
 }
 
@@ -110,7 +112,10 @@ uint64_t virtual_runtime::submit(request r, runtime::token_callback on_token, ru
   // The router picks from what each replica publishes; the request's id is the fleet's.
   std::vector<replica_view> views;
   views.reserve(m.replicas.size());
-  for (auto& rep : m.replicas) views.push_back(rep->entry->view(r));
+  for (size_t i = 0; i < m.replicas.size(); ++i) {
+    views.push_back(m.replicas[i]->entry->view(r));
+    views.back().outstanding = m.outstanding[i];
+  }
   const uint64_t prefix = m.router.prefix_hash(r.prompt_tokens);
   // What the prefix a replica has cached saves: its prefill, by replica 0's step model (the same device everywhere).
   const int32_t prefix_tokens = std::min<int32_t>(static_cast<int32_t>(r.prompt_tokens.size()), router_options{}.affinity_prefix_tokens);
@@ -118,6 +123,7 @@ uint64_t virtual_runtime::submit(request r, runtime::token_callback on_token, ru
   const int32_t at = m.router.pick(views, prefix, saving).value_or(0);
   m.router.served(prefix, at);
   ++m.routed[static_cast<size_t>(at)];
+  ++m.outstanding[static_cast<size_t>(at)];
   const uint64_t id = m.next_id++;
   auto tokens = on_token ? runtime::token_callback([id, f = std::move(on_token)](const token_event& e) {
     token_event copy = e;
@@ -125,8 +131,9 @@ uint64_t virtual_runtime::submit(request r, runtime::token_callback on_token, ru
     f(copy);
   })
                          : runtime::token_callback{};
-  auto done = [&m, id, f = std::move(on_outcome)](const outcome& o) {
+  auto done = [&m, id, at, f = std::move(on_outcome)](const outcome& o) {
     m.placed.erase(id);
+    --m.outstanding[static_cast<size_t>(at)];
     if (!f) return;
     outcome copy = o;
     copy.request_id = id;

@@ -7,29 +7,40 @@ namespace tireless {
 
 namespace {
 
-bool better(const replica_view& a, const replica_view& b) {
-  return std::tie(a.predicted_ttft_s, a.queued, a.kv_utilization) < std::tie(b.predicted_ttft_s, b.queued, b.kv_utilization);
+bool earlier(const replica_view& a, const replica_view& b) {
+  return std::tie(a.predicted_ttft_s, a.outstanding, a.queued) < std::tie(b.predicted_ttft_s, b.outstanding, b.queued);
 }
+
+bool less_busy(const replica_view& a, const replica_view& b) {
+  return std::tie(a.outstanding, a.predicted_ttft_s, a.queued) < std::tie(b.outstanding, b.predicted_ttft_s, b.queued);
+}
+
+bool in_time(const replica_view& r) { return r.ttft_target_s <= 0 || r.predicted_ttft_s <= r.ttft_target_s; }
 
 }  // namespace
 
 std::optional<int32_t> router::pick(std::span<const replica_view> replicas, uint64_t prefix_hash, double prefix_saving_s) {
-  std::optional<int32_t> best, best_refusing;
+  std::optional<int32_t> best, earliest, earliest_refusing;
+  const auto at = [&](int32_t i) -> const replica_view& { return replicas[static_cast<size_t>(i)]; };
   for (int32_t i = 0; i < static_cast<int32_t>(replicas.size()); ++i) {
-    const replica_view& r = replicas[static_cast<size_t>(i)];
+    const replica_view& r = at(i);
     if (!r.up) continue;
-    auto& slot = r.would_refuse ? best_refusing : best;
-    if (!slot || better(r, replicas[static_cast<size_t>(*slot)])) slot = i;
+    if (r.would_refuse) {
+      if (!earliest_refusing || earlier(r, at(*earliest_refusing))) earliest_refusing = i;
+      continue;
+    }
+    if (!earliest || earlier(r, at(*earliest))) earliest = i;
+    if (in_time(r) && (!best || less_busy(r, at(*best)))) best = i;
   }
-  if (!best) return best_refusing;
+  if (!best) return earliest ? earliest : earliest_refusing;
   if (prefix_hash != 0) {
     auto it = home_.find(prefix_hash);
     if (it != home_.end()) {
       const int32_t home = it->second.first;
       if (home >= 0 && home < static_cast<int32_t>(replicas.size())) {
-        const replica_view& h = replicas[static_cast<size_t>(home)];
-        if (h.up && !h.would_refuse &&
-            h.predicted_ttft_s <= replicas[static_cast<size_t>(*best)].predicted_ttft_s + prefix_saving_s) {
+        const replica_view& h = at(home);
+        if (h.up && !h.would_refuse && in_time(h) && h.outstanding <= at(*best).outstanding + 1 &&
+            h.predicted_ttft_s <= at(*best).predicted_ttft_s + prefix_saving_s) {
           ++hits_;
           return home;
         }

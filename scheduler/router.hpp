@@ -18,8 +18,9 @@ struct replica_view {
   bool up = true;
   bool would_refuse = false;     // its admission would refuse the request now
   double predicted_ttft_s = 0;   // its admission's prediction for the request's tier and prompt
+  double ttft_target_s = 0;      // the request's tier's first-token target (0: none)
+  int32_t outstanding = 0;       // requests the router sent there that have no outcome yet
   int32_t queued = 0;            // requests waiting, admission and engine
-  double kv_utilization = 0;     // used KV blocks over all of them, 0..1
 };
 
 struct router_options {
@@ -31,12 +32,15 @@ class router {
  public:
   explicit router(router_options o = {}) : o_(o) {}
 
-  // The replica for a request: among those up whose admission would take it, the one with the
-  // earliest predicted first token (fewest queued, then least KV use, then lowest index on
-  // ties), unless the replica that last served the same prefix predicts a first token at most
-  // `prefix_saving_s` later (the prefill its cached prefix saves, which the predictions do not
-  // count); when every replica would refuse, the one that predicts the earliest first token
-  // (it refuses with the fleet's best retry hint). Nothing when none is up.
+  // The replica for a request. Among those up whose admission would take it and that predict
+  // its first token within its tier's target: the fewest outstanding (least connections, as a
+  // load balancer counts them; the decodes a replica runs set every stream's pace), then the
+  // earliest predicted first token, then the lowest index; the replica that last served the
+  // same prefix instead, while it is among them with at most one more outstanding and a
+  // predicted first token at most `prefix_saving_s` (the prefill its cached prefix saves) later.
+  // None predicted in time: the earliest predicted first token among those that would take
+  // it. Every replica would refuse: the one predicting the earliest first token (it refuses
+  // with the fleet's best retry hint). Nothing when none is up.
   std::optional<int32_t> pick(std::span<const replica_view> replicas, uint64_t prefix_hash, double prefix_saving_s = 0);
   // The request went to `replica`: later requests with its prefix prefer it.
   void served(uint64_t prefix_hash, int32_t replica);
