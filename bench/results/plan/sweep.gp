@@ -8,4 +8,4 @@ set ytics nomirror
 set y2tics
 set key bottom right
 set grid
-plot 'bench/results/plan/sweep.dat' using 1:2 with linespoints title 'premium', 'bench/results/plan/sweep.dat' using 1:3 with linespoints title 'standard', 'bench/results/plan/sweep.dat' using 1:4 with linespoints title 'free', 'bench/results/plan/sweep.dat' using 1:5 axes x1y2 with lines dashtype 2 title 'cost ($/day)'
+plot 'bench/results/plan/sweep.dat' using 1:2 with linespoints title 'premium', 'bench/results/plan/sweep.dat' using 1:3 with linespoints title 'standard', 'bench/results/plan/sweep.dat' using 1:4 with linespoints title 'free', 'bench/results/plan/sweep.dat' using 1:6 with linespoints dashtype 3 title 'premium at 2x the peak', 'bench/results/plan/sweep.dat' using 1:5 axes x1y2 with lines dashtype 2 title 'cost ($/day)'
