@@ -140,12 +140,12 @@ void add_replica(runtime_stats& t, const runtime_stats& r) {
   t.cancelled += r.cancelled;
   t.failed += r.failed;
   t.late_refusals += r.late_refusals;
-  for (const auto& [tier, n] : r.queued_by_tier) {
-    auto it = std::find_if(t.queued_by_tier.begin(), t.queued_by_tier.end(), [&](const auto& q) { return q.first == tier; });
+  for (const auto& q : r.queued_by_tier) {
+    auto it = std::find_if(t.queued_by_tier.begin(), t.queued_by_tier.end(), [&](const auto& e) { return e.first == q.first; });
     if (it == t.queued_by_tier.end()) {
-      t.queued_by_tier.emplace_back(tier, n);
+      t.queued_by_tier.push_back(q);
     } else {
-      it->second += n;
+      it->second += q.second;
     }
   }
   t.max_mailbox_engine = std::max(t.max_mailbox_engine, r.max_mailbox_engine);
