@@ -288,6 +288,7 @@ nlohmann::json requests_json(const run_result& run, const scenario& s) {
                                              : nlohmann::json("lost")}};
     if (r.done()) {
       j["reason"] = r.reason;
+      if (!r.message.empty()) j["message"] = r.message;
       j["outcome_after_ms"] = (r.outcome_s - r.submitted_s) * 1000.0;
       j["prompt_tokens"] = r.prompt_tokens;
       j["completion_tokens"] = r.completion_tokens;

@@ -26,6 +26,7 @@ void record_outcome(request_record& r, const outcome& o, double at) {
   r.outcome_s = at;
   r.kind = o.kind;
   r.reason = o.reason;
+  if (o.kind != outcome_kind::completed) r.message = o.message;
   r.degradations = o.degradations;
   r.prompt_tokens = o.prompt_tokens;
   r.completion_tokens = o.completion_tokens;

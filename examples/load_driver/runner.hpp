@@ -19,6 +19,7 @@ struct request_record {
   double outcome_s = -1;    // -1: no outcome (lost)
   outcome_kind kind = outcome_kind::failed;
   std::string reason;
+  std::string message;  // why, for an outcome other than completed
   std::vector<std::string> degradations;
   int32_t prompt_tokens = 0, completion_tokens = 0, cached_prompt_tokens = 0, preemptions = 0;
   double ttft_ms = -1, total_ms = 0;

@@ -176,7 +176,7 @@ def test_overrides(model_path):
 
 class Server:
     def __init__(self, binary, base_config, workdir, overrides=None, name="server", start_timeout=60,
-                 tier_scale=TIER_SCALE, http=False, metrics=False, edit=None):
+                 tier_scale=TIER_SCALE, http=False, metrics=False, edit=None, http_port=0):
         self.binary = binary
         self.workdir = workdir
         self.name = name
@@ -196,7 +196,7 @@ class Server:
         self._stderr = open(self.stderr_path, "wb")
         # stdout to a file, polled here: no reader thread (see "Without threads" below).
         self._stdout = open(self.stdout_path, "wb")
-        args = [binary, "--config", self.config_path, "--port", "0"] + (["--http-port", "0"] if http else []) + (
+        args = [binary, "--config", self.config_path, "--port", "0"] + (["--http-port", str(http_port)] if http else []) + (
             ["--metrics-port", "0"] if metrics else [])
         self.proc = subprocess.Popen(args, stdout=self._stdout, stderr=self._stderr, stdin=subprocess.DEVNULL)
         self.port = self.http_port = self.metrics_port = None
