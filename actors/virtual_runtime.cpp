@@ -24,6 +24,11 @@ struct replica {
   std::shared_ptr<sim::sim_backend> be;
   pipeline actors;
   std::unique_ptr<intake> entry;
+  double ready_at = 0;        // virtual seconds: it serves from then (its model is loaded)
+  double retired_at = -1;     // >= 0: takes no new requests since then
+  int64_t rejected_seen = 0;  // its intake's refusals at the last autoscaler sync
+  bool serves(double now) const { return retired_at < 0 && now >= ready_at; }
+  bool paid() const { return retired_at < 0; }
 };
 
 // A replica's share of a tenant's quotas: the router spreads a tenant's requests over the
@@ -52,6 +57,26 @@ struct virtual_runtime::impl {
   std::unordered_map<uint64_t, std::pair<int32_t, uint64_t>> placed;
   std::vector<int64_t> routed;
   std::vector<int32_t> outstanding;  // per replica: routed there, no outcome yet
+  bool fleet = false;                // more than one replica, or one that may grow: ids are the fleet's
+  int32_t quota_share = 1;           // each replica enforces 1/quota_share of every tenant's quotas
+  std::optional<autoscaler> scaler;
+  double next_sync = 0;
+  std::vector<fleet_sample> timeline;
+  double paid_seconds = 0, paid_since = 0;  // replica-seconds up to paid_since
+
+  double now() const { return std::chrono::duration<double>(sched->clock().now() - start).count(); }
+  void add_replica(double ready_at);
+  void advance_to(double t);
+  void sync();
+  int32_t paid_count() const {
+    int32_t n = 0;
+    for (const auto& r : replicas) n += r->paid();
+    return n;
+  }
+  void account(double t) {
+    paid_seconds += paid_count() * (t - paid_since);
+    paid_since = t;
+  }
 
   template <class F>
   void ask(const caf::actor& a, F f) {
@@ -62,30 +87,44 @@ struct virtual_runtime::impl {
   }
 };
 
-virtual_runtime::virtual_runtime(const runtime_config& config, int32_t replicas) : impl_(std::make_unique<impl>()) {
+void virtual_runtime::impl::add_replica(double ready) {
+  auto r = std::make_unique<replica>();
+  r->cfg = cfg;
+  share_quotas(r->cfg, quota_share);
+  r->be = make_configured_sim(r->cfg, r->lim, true);
+  const pipeline_options po = make_pipeline_options(r->cfg, r->lim, r->be);
+  r->actors = spawn_pipeline(*sys, po);
+  r->entry = std::make_unique<intake>(*sys, r->cfg, r->lim, nullptr, r->actors, door_capacity(r->cfg, po));
+  r->ready_at = ready;
+  replicas.push_back(std::move(r));
+  routed.push_back(0);
+  outstanding.push_back(0);
+  sched->run();
+}
+
+virtual_runtime::virtual_runtime(const runtime_config& config, int32_t replicas)
+    : virtual_runtime(config, fleet_options{replicas, std::nullopt}) {}
+
+virtual_runtime::virtual_runtime(const runtime_config& config, const fleet_options& fleet) : impl_(std::make_unique<impl>()) {
   impl& m = *impl_;
   m.cfg = config;
   if (m.cfg.backend.kind != backend_kind::sim) {
     throw std::runtime_error("the virtual-time runtime runs the sim backend only: set backend.kind = \"sim\"");
   }
+  int32_t replicas = fleet.replicas;
+  if (fleet.autoscale) {
+    m.scaler.emplace(*fleet.autoscale);  // throws on bad options
+    replicas = std::clamp(replicas, fleet.autoscale->min_replicas, fleet.autoscale->max_replicas);
+    m.next_sync = fleet.autoscale->period_s;
+  }
   if (replicas < 1) throw std::invalid_argument(fmt::format("a fleet of {} replicas: at least one is needed", replicas));
+  m.fleet = replicas > 1 || m.scaler.has_value();
+  m.quota_share = replicas;
   m.sys_cfg.set("scheduler.policy", caf::atom("testing"));
   m.sys = std::make_unique<caf::actor_system>(m.sys_cfg);
   m.sched = &dynamic_cast<caf::scheduler::test_coordinator&>(m.sys->scheduler());
   m.start = m.sched->clock().now();
-  for (int32_t i = 0; i < replicas; ++i) {
-    auto r = std::make_unique<replica>();
-    r->cfg = m.cfg;
-    share_quotas(r->cfg, replicas);
-    r->be = make_configured_sim(r->cfg, r->lim, true);
-    const pipeline_options po = make_pipeline_options(r->cfg, r->lim, r->be);
-    r->actors = spawn_pipeline(*m.sys, po);
-    r->entry = std::make_unique<intake>(*m.sys, r->cfg, r->lim, nullptr, r->actors, door_capacity(r->cfg, po));
-    m.replicas.push_back(std::move(r));
-  }
-  m.routed.assign(static_cast<size_t>(replicas), 0);
-  m.outstanding.assign(static_cast<size_t>(replicas), 0);
-  m.sched->run();
+  for (int32_t i = 0; i < replicas; ++i) m.add_replica(0);
 }
 
 virtual_runtime::~virtual_runtime() {
@@ -105,14 +144,19 @@ virtual_runtime::~virtual_runtime() {
 
 uint64_t virtual_runtime::submit(request r, runtime::token_callback on_token, runtime::outcome_callback on_outcome) {
   impl& m = *impl_;
-  if (m.replicas.size() == 1) {
+  if (!m.fleet) {
     ++m.routed[0];
     return m.replicas[0]->entry->submit(std::move(r), std::move(on_token), std::move(on_outcome));
   }
-  // The router picks from what each replica publishes; the request's id is the fleet's.
+  // The router picks from what each serving replica publishes; the request's id is the fleet's.
   std::vector<replica_view> views;
   views.reserve(m.replicas.size());
+  const double now = m.now();
   for (size_t i = 0; i < m.replicas.size(); ++i) {
+    if (!m.replicas[i]->serves(now)) {
+      views.push_back({.up = false});
+      continue;
+    }
     views.push_back(m.replicas[i]->entry->view(r));
     views.back().outstanding = m.outstanding[i];
   }
@@ -147,22 +191,45 @@ uint64_t virtual_runtime::submit(request r, runtime::token_callback on_token, ru
 
 bool virtual_runtime::cancel(uint64_t id) {
   impl& m = *impl_;
-  if (m.replicas.size() == 1) return m.replicas[0]->entry->cancel(id);
+  if (!m.fleet) return m.replicas[0]->entry->cancel(id);
   auto it = m.placed.find(id);
   if (it == m.placed.end()) return false;
   return m.replicas[static_cast<size_t>(it->second.first)]->entry->cancel(it->second.second);
 }
 
 int32_t virtual_runtime::replicas() const { return static_cast<int32_t>(impl_->replicas.size()); }
+int32_t virtual_runtime::serving() const {
+  int32_t n = 0;
+  for (const auto& r : impl_->replicas) n += r->serves(impl_->now());
+  return n;
+}
+int32_t virtual_runtime::starting() const {
+  int32_t n = 0;
+  for (const auto& r : impl_->replicas) n += r->paid() && !r->serves(impl_->now());
+  return n;
+}
+std::vector<fleet_sample> virtual_runtime::fleet_timeline() const { return impl_->timeline; }
+double virtual_runtime::replica_seconds() const {
+  return impl_->paid_seconds + impl_->paid_count() * (impl_->now() - impl_->paid_since);
+}
 std::vector<int64_t> virtual_runtime::routed() const { return impl_->routed; }
 int64_t virtual_runtime::affinity_hits() const { return impl_->router.affinity_hits(); }
 
-double virtual_runtime::now() const {
-  return std::chrono::duration<double>(impl_->sched->clock().now() - impl_->start).count();
-}
+double virtual_runtime::now() const { return impl_->now(); }
 
 void virtual_runtime::run_until(double t) {
   impl& m = *impl_;
+  if (m.scaler) {
+    for (; m.next_sync <= t; m.next_sync += m.scaler->options().period_s) {
+      m.advance_to(m.next_sync);
+      m.sync();
+    }
+  }
+  m.advance_to(t);
+}
+
+void virtual_runtime::impl::advance_to(double t) {
+  impl& m = *this;
   const auto until = m.start + std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(t));
   for (;;) {
     m.sched->run();
@@ -182,6 +249,64 @@ void virtual_runtime::run() {
   m.sched->run();
 }
 
+// One autoscaler sync: read the serving replicas' metrics, decide, then start replicas (they
+// serve after startup_s) or retire some (the ones still starting first, then those with the
+// fewest requests in flight).
+void virtual_runtime::impl::sync() {
+  const double t = now();
+  const autoscale_options& o = scaler->options();
+  fleet_reading reading;
+  reading.totals.assign(o.metrics.size(), 0.0);
+  for (auto& r : replicas) {
+    if (!r->paid()) continue;
+    if (!r->serves(t)) {
+      ++reading.starting;
+      continue;
+    }
+    ++reading.serving;
+    runtime_stats s;
+    ask(r->actors.engine, [&](const engine_stats& e) { add_to(s, e); });
+    ask(r->actors.admission, [&](const admission_stats& a) { add_to(s, a); });
+    const int64_t rejected = r->entry->counts().rejected;
+    for (size_t k = 0; k < o.metrics.size(); ++k) {
+      const autoscale_metric& metric = o.metrics[k];
+      switch (metric.what) {
+        case autoscale_metric::kind::queue_depth:
+          for (const auto& [tier, n] : s.queued_by_tier) {
+            if (metric.tier.empty() || metric.tier == tier) reading.totals[k] += n;
+          }
+          break;
+        case autoscale_metric::kind::waiting: reading.totals[k] += s.queued_in_admission + s.waiting_in_engine; break;
+        case autoscale_metric::kind::refused_per_s: reading.totals[k] += (rejected - r->rejected_seen) / o.period_s; break;
+      }
+    }
+    r->rejected_seen = rejected;
+  }
+  const int32_t current = reading.serving + reading.starting;
+  const int32_t want = scaler->desired(t, reading);
+  account(t);
+  for (int32_t i = current; i < want; ++i) add_replica(t + o.startup_s);
+  for (int32_t i = want; i < current; ++i) {
+    // The retiree: a replica still starting (the latest asked for), else the least busy.
+    int32_t pick = -1;
+    auto before = [&](size_t k, size_t p) {
+      const bool ks = !replicas[k]->serves(t), ps = !replicas[p]->serves(t);
+      if (ks != ps) return ks;
+      return ks ? replicas[k]->ready_at > replicas[p]->ready_at : outstanding[k] < outstanding[p];
+    };
+    for (size_t k = 0; k < replicas.size(); ++k) {
+      if (replicas[k]->paid() && (pick < 0 || before(k, static_cast<size_t>(pick)))) pick = static_cast<int32_t>(k);
+    }
+    if (pick >= 0) replicas[static_cast<size_t>(pick)]->retired_at = t;
+  }
+  fleet_sample sample{t, 0, 0, want, scaler->last_proposal(), reading.totals};
+  for (const auto& r : replicas) {
+    sample.serving += r->serves(t);
+    sample.starting += r->paid() && !r->serves(t);
+  }
+  timeline.push_back(std::move(sample));
+}
+
 // The fleet's: counts, queues and KV summed over the replicas; mailboxes their largest.
 runtime_stats virtual_runtime::stats() {
   impl& m = *impl_;
@@ -198,7 +323,7 @@ runtime_stats virtual_runtime::stats() {
     s.rejected = c.rejected;
     s.cancelled = c.cancelled;
     s.failed = c.failed;
-    if (m.replicas.size() == 1) return s;
+    if (!m.fleet) return s;
     add_replica(total, s);
   }
   return total;

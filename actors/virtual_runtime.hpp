@@ -5,12 +5,30 @@
 // seconds, and the same inputs give the same run every time. For load studies and tests.
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "config/runtime_config.hpp"
+#include "scheduler/autoscaler.hpp"
 #include "tireless/runtime.hpp"
 
 namespace tireless {
+
+struct fleet_options {
+  int32_t replicas = 1;  // at the start (with autoscale: clamped into [min, max])
+  // An autoscaler (scheduler/autoscaler.hpp) that starts replicas, each serving startup_s after
+  // it was asked for, and retires them (a retired replica takes no new requests and finishes
+  // its own), evaluated every period_s of virtual time.
+  std::optional<autoscale_options> autoscale;
+};
+
+// The fleet at one autoscaler sync.
+struct fleet_sample {
+  double t = 0;
+  int32_t serving = 0, starting = 0;  // after the sync's decision
+  int32_t desired = 0, proposal = 0;  // the decision, and the metrics' raw proposal
+  std::vector<double> totals;         // the metrics read, summed over the serving replicas
+};
 
 class virtual_runtime {
  public:
@@ -20,6 +38,7 @@ class virtual_runtime {
   // what each publishes (its admission's prediction, whether it would refuse, its queue) and by
   // prefix affinity; each replica enforces 1/replicas of every tenant's quotas.
   explicit virtual_runtime(const runtime_config& config, int32_t replicas = 1);
+  virtual_runtime(const runtime_config& config, const fleet_options& fleet);
   ~virtual_runtime();
   virtual_runtime(const virtual_runtime&) = delete;
   virtual_runtime& operator=(const virtual_runtime&) = delete;
@@ -39,6 +58,12 @@ class virtual_runtime {
   int32_t replicas() const;
   std::vector<int64_t> routed() const;  // requests the router sent to each replica
   int64_t affinity_hits() const;        // of them, sent by prefix affinity
+  int32_t serving() const;              // replicas that take requests now
+  int32_t starting() const;             // asked for, still loading their model
+  std::vector<fleet_sample> fleet_timeline() const;  // one per autoscaler sync
+  // Replica-seconds paid for so far: every replica from the moment it was asked for (its model
+  // load is paid too) until it was retired.
+  double replica_seconds() const;
 
  private:
   struct impl;

@@ -81,11 +81,16 @@ struct fleet_run {
   int64_t affinity_hits = 0;
   runtime_stats stats;
   bool one_outcome_each = true;
+  std::vector<fleet_sample> timeline;
+  double replica_seconds = 0;
+  int32_t serving_at_end = 0;
 };
 
-fleet_run drive(int32_t replicas, double rate, double seconds, int shared_prefixes = 0) {
+// idle_after: virtual seconds run with no traffic after the last request (an autoscaler
+// scales down in them).
+fleet_run drive(const fleet_options& fleet, double rate, double seconds, int shared_prefixes = 0, double idle_after = 0) {
   runtime_config c = k2();
-  virtual_runtime rt(c, replicas);
+  virtual_runtime rt(c, fleet);
   std::map<uint64_t, int> outcomes;
   int rejected = 0;
   const std::string key = c.tenants.front().keys.front();
@@ -103,6 +108,7 @@ fleet_run drive(int32_t replicas, double rate, double seconds, int shared_prefix
     });
     rt.run_until(i / rate);
   }
+  if (idle_after > 0) rt.run_until(seconds + idle_after);
   rt.run();
   fleet_run out;
   out.one_outcome_each = static_cast<int>(outcomes.size()) == n;
@@ -111,7 +117,14 @@ fleet_run drive(int32_t replicas, double rate, double seconds, int shared_prefix
   out.routed = rt.routed();
   out.affinity_hits = rt.affinity_hits();
   out.stats = rt.stats();
+  out.timeline = rt.fleet_timeline();
+  out.replica_seconds = rt.replica_seconds();
+  out.serving_at_end = rt.serving();
   return out;
+}
+
+fleet_run drive(int32_t replicas, double rate, double seconds, int shared_prefixes = 0) {
+  return drive(fleet_options{replicas, std::nullopt}, rate, seconds, shared_prefixes);
 }
 
 TEST(virtual_fleet, two_replicas_behind_the_router_serve_what_one_would_refuse_and_lose_nothing) {
@@ -137,6 +150,41 @@ TEST(virtual_fleet, requests_sharing_a_system_prompt_go_back_to_the_replica_that
   EXPECT_TRUE(r.one_outcome_each);
   EXPECT_GT(r.affinity_hits, 150);  // of 240, the first of each prefix excepted, while the fleet is idle enough
   EXPECT_GT(r.stats.prefix_hit_blocks, 0);
+}
+
+TEST(virtual_fleet, the_autoscaler_adds_replicas_that_serve_only_once_started_and_removes_them_when_idle) {
+  autoscale_options o;
+  o.min_replicas = 1;
+  o.max_replicas = 4;
+  o.startup_s = 90;
+  o.metrics = {{autoscale_metric::kind::waiting, "", 4}, {autoscale_metric::kind::refused_per_s, "", 0.2}};
+  const fleet_run one = drive(1, 10, 900);
+  const fleet_run scaled = drive(fleet_options{1, o}, 10, 900, 0, 1200);
+  EXPECT_TRUE(scaled.one_outcome_each);
+  // It grew: more than one replica served, the later ones only from 90 s after they were asked for.
+  ASSERT_FALSE(scaled.timeline.empty());
+  int32_t most = 0;
+  double first_ask = -1, first_serving = -1;
+  for (const fleet_sample& f : scaled.timeline) {
+    most = std::max(most, f.serving);
+    if (first_ask < 0 && f.starting > 0) first_ask = f.t;
+    if (first_serving < 0 && f.serving > 1) first_serving = f.t;
+    EXPECT_LE(f.serving + f.starting, 4);
+    EXPECT_GE(f.serving, 1);
+  }
+  EXPECT_GE(most, 2);
+  ASSERT_GE(first_ask, 0);
+  EXPECT_GE(first_serving - first_ask, 90.0);
+  ASSERT_GE(scaled.routed.size(), 2u);
+  EXPECT_GT(scaled.routed[1], 0);
+  // It served more than one fixed replica could, and paid for what it ran.
+  EXPECT_LT(scaled.refused, one.refused * 0.7);
+  EXPECT_GT(scaled.replica_seconds, 2100.0);
+  EXPECT_LT(scaled.replica_seconds, 4.0 * 2100);
+  // Idle for 20 minutes afterwards: back to the minimum; every KV block back everywhere.
+  EXPECT_EQ(scaled.serving_at_end, 1);
+  EXPECT_EQ(scaled.stats.kv_blocks_free, scaled.stats.kv_blocks_total);
+  EXPECT_EQ(scaled.stats.live_requests, 0);
 }
 
 TEST(virtual_runtime, refuses_a_non_sim_backend) {
