@@ -102,6 +102,7 @@ struct options {
   std::vector<std::string> policies, faults;
   double duration = 0, warmup = -1, capacity = 0, calibration = 0;
   int32_t replicas = 0;
+  std::string autoscale;  // "off": the scenario's [target.autoscale] is not used
   bool json_out = false, with_requests = false, short_form = false;
 };
 
@@ -119,6 +120,10 @@ void shorten(scenario& s) {
   for (auto& e : s.expert_group) {
     e.at_s *= scale;
     e.for_s *= scale;
+  }
+  if (s.autoscale) {  // its clock with the load's: a replica's start-up keeps its share of the ramp
+    autoscale_options& a = *s.autoscale;
+    for (double* t : {&a.period_s, &a.startup_s, &a.up_window_s, &a.down_window_s, &a.up_period_s, &a.down_period_s}) *t *= scale;
   }
   s.calibration_s = std::min(s.calibration_s, 120.0);
   s.calibration_warmup_s = std::min(s.calibration_warmup_s, 30.0);
@@ -142,6 +147,7 @@ scenario_outcome run_scenario(const std::string& scenario_path, const options& o
       if (s.target != target_kind::virtual_sim) throw std::runtime_error("--replicas applies to a virtual target");
       s.replicas = o.replicas;
     }
+    if (o.autoscale == "off") s.autoscale.reset();
     if (!o.faults.empty() && s.target != target_kind::virtual_sim) {
       throw std::runtime_error("--fault applies to a virtual target; a server takes [faults] from its own config");
     }
@@ -397,6 +403,8 @@ int main(int argc, char** argv) {
   app.add_option("--replicas", o.replicas,
                  "a virtual target's fleet: this many engine replicas behind one router (overrides target.replicas)")
       ->check(CLI::Range(1, 4096));
+  app.add_option("--autoscale", o.autoscale, "off: a fixed fleet of target.replicas, without the scenario's [target.autoscale]")
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--capacity", o.capacity, "requests/s taken as the capacity instead of measuring it")->check(CLI::PositiveNumber);
   app.add_option("--calibration", o.calibration, "seconds of the capacity measurement (overrides capacity.calibration_s)")
       ->check(CLI::PositiveNumber);

@@ -483,6 +483,37 @@ std::vector<bar_check> check_bars(const std::vector<run_result>& runs, const std
   return bars;
 }
 
+// A virtual fleet's replicas and what they cost; autoscaled: minute by minute, the offered load
+// (times the starting fleet's capacity), the replicas serving and starting at the minute's
+// end, and each tier's SLO among feasible requests arriving in it.
+std::string fleet_text(const run_result& run, const run_metrics& m) {
+  if (!run.fleet) return {};
+  const fleet_report& f = *run.fleet;
+  const double hours = f.replica_seconds / 3600.0;
+  std::string out = fmt::format("  fleet: {} replicas at the start{}; {:.2f} replica-hours paid over the run's {:.0f} s "
+                                "({:.1f} replicas on average)\n",
+                                f.initial, f.autoscaled ? ", autoscaled" : "", hours, run.end_s,
+                                run.end_s > 0 ? f.replica_seconds / run.end_s : 0.0);
+  if (!f.autoscaled || m.windows.empty()) return out;
+  const double capacity = run.multiple > 0 ? run.rate_rps / run.multiple : 0;
+  std::string head = fmt::format("    {:>11} {:>6} {:>8} {:>8}", "arrivals", "load", "serving", "starting");
+  for (const tier_metrics& t : m.tiers) head += fmt::format(" {:>9}", t.tier);
+  out += head + "   (load: offered / the starting fleet's capacity; SLO among feasible)\n";
+  for (const window_metrics& w : m.windows) {
+    int64_t offered = 0;
+    for (const auto& c : w.tiers) offered += c.offered;
+    fleet_point at{};
+    for (const fleet_point& p : f.points) {
+      if (p.t <= w.to_s + 1e-9) at = p;
+    }
+    std::string row = fmt::format("    {:>4.0f}-{:<4.0f}s {:>5.2f}x {:>8} {:>8}", w.from_s, w.to_s,
+                                  capacity > 0 ? offered / (w.to_s - w.from_s) / capacity : 0.0, at.serving, at.starting);
+    for (const auto& c : w.tiers) row += fmt::format(" {:>9}", pct(ratio(c.feasible_met, c.feasible)));
+    out += row + "\n";
+  }
+  return out;
+}
+
 std::string run_table(const run_result& run, const run_metrics& m, const scenario& s) {
   std::string out = fmt::format(
       "{} at {:g}x capacity: {:.3g} requests/s offered, {:g} s measured after {:g} s warm-up; {} requests, {} lost, "
@@ -538,6 +569,7 @@ std::string run_table(const run_result& run, const run_metrics& m, const scenari
   }
   out += fmt::format("  by tenant: {}\n", tenants);
   out += fmt::format("  worst {:g}-s window of {}: SLO among feasible / late share: {}\n", m.window_s, m.windows.size(), worst);
+  out += fleet_text(run, m);
   // The expert group's faults: each tier before the first and during each, by arrival time.
   const auto span_text = [&](double from, double to) {
     const window_metrics w = count_window(run, m, std::max(from, run.measure_from_s), std::min(to, run.measure_to_s));
@@ -654,6 +686,12 @@ nlohmann::json to_json(const scenario& s, const std::string& target, const capac
     run["load_drop_s"] = metrics[i].drop_s < 0 ? nlohmann::json(nullptr) : nlohmann::json(metrics[i].drop_s);
     run["recovery_s"] = metrics[i].recovery_s;
     run["top_tier_load"] = metrics[i].top_tier_load;
+    if (r.fleet) {
+      nlohmann::json points = nlohmann::json::array();
+      for (const fleet_point& p : r.fleet->points) points.push_back({{"t_s", p.t}, {"serving", p.serving}, {"starting", p.starting}});
+      run["fleet"] = {{"initial", r.fleet->initial}, {"autoscaled", r.fleet->autoscaled},
+                      {"replica_seconds", r.fleet->replica_seconds}, {"points", points}};
+    }
     if (with_requests) run["request_samples"] = requests_json(r, s);
     out_runs.push_back(std::move(run));
   }

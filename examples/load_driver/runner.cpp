@@ -174,6 +174,7 @@ run_result run_open_loop(target& t, const scenario& s, admission_policy policy, 
   out.end_s = session->now();
   out.target_broken = session->broken();
   if (auto p = session->probe()) out.shard_restarts = p->shard_restarts;
+  out.fleet = session->fleet();
   st->closed = true;
   session.reset();
   out.records = std::move(st->records);

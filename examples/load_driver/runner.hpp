@@ -47,6 +47,7 @@ struct run_result {
   double wall_s = 0;  // how long it took here
   std::string target_broken;  // why the target went away before the run ended; "" if it did not
   int64_t shard_restarts = -1;  // in the run, as the target counts them; -1: not reported
+  std::optional<fleet_report> fleet;  // a virtual fleet's replicas over the run
 };
 
 struct capacity_result {

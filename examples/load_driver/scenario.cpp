@@ -329,10 +329,71 @@ std::vector<trace_row> read_trace(reader& r, const scenario& s, const scenario_f
   return rows;
 }
 
+// [target.autoscale]: the HPA's knobs (scheduler/autoscaler.hpp) and its metrics.
+void read_autoscale(reader& r, const toml::table& target, scenario& s) {
+  const toml::table* t = r.table(target, "autoscale", "target", false);
+  if (!t) return;
+  const std::string path = "target.autoscale";
+  if (s.target != target_kind::virtual_sim) {
+    r.error(t, path, "applies to kind = \"virtual\" only (a real fleet scales with its HPA: deploy/kubernetes/hpa.yaml)");
+    return;
+  }
+  r.only(*t, path, {"min_replicas", "max_replicas", "period_s", "tolerance", "startup_s", "up_window_s", "down_window_s",
+                    "up_step", "up_period_s", "down_step", "down_period_s", "metrics"});
+  autoscale_options o;
+  o.min_replicas = static_cast<int32_t>(r.integer(*t, "min_replicas", path, 1, 4096).value_or(o.min_replicas));
+  o.max_replicas = static_cast<int32_t>(r.integer(*t, "max_replicas", path, 1, 4096).value_or(o.max_replicas));
+  o.period_s = r.number(*t, "period_s", path, 0.1, 3600).value_or(o.period_s);
+  o.tolerance = r.number(*t, "tolerance", path, 0, 0.99).value_or(o.tolerance);
+  o.startup_s = r.number(*t, "startup_s", path, 0, 86400).value_or(o.startup_s);
+  o.up_window_s = r.number(*t, "up_window_s", path, 0, 86400).value_or(o.up_window_s);
+  o.down_window_s = r.number(*t, "down_window_s", path, 0, 86400).value_or(o.down_window_s);
+  o.up_step = static_cast<int32_t>(r.integer(*t, "up_step", path, 1, 4096).value_or(o.up_step));
+  o.up_period_s = r.number(*t, "up_period_s", path, 0.1, 86400).value_or(o.up_period_s);
+  o.down_step = static_cast<int32_t>(r.integer(*t, "down_step", path, 1, 4096).value_or(o.down_step));
+  o.down_period_s = r.number(*t, "down_period_s", path, 0.1, 86400).value_or(o.down_period_s);
+  const toml::node* n = t->get("metrics");
+  const toml::array* a = n ? n->as_array() : nullptr;
+  if (!a || a->empty()) {
+    r.error(n ? n : t, path + ".metrics",
+            "give one or more metrics, e.g. metrics = [{ what = \"queue_depth\", tier = \"premium\", target = 2 }]");
+    return;
+  }
+  for (size_t i = 0; i < a->size(); ++i) {
+    const std::string where = fmt::format("{}.metrics[{}]", path, i);
+    const toml::table* m = a->get(i)->as_table();
+    if (!m) {
+      r.error(a->get(i), where, "must be a table { what = ..., target = ... }");
+      continue;
+    }
+    r.only(*m, where, {"what", "tier", "target"});
+    autoscale_metric metric;
+    if (auto what = r.choice(*m, "what", where, {"queue_depth", "waiting", "refused_per_s"}, true)) {
+      metric.what = parse_autoscale_metric(*what);
+    }
+    metric.tier = r.string(*m, "tier", where).value_or("");
+    if (!metric.tier.empty() && metric.what != autoscale_metric::kind::queue_depth) {
+      r.error(m->get("tier"), where + ".tier", "applies to what = \"queue_depth\" only");
+    }
+    if (!metric.tier.empty() && s.config.find_tier(metric.tier) == nullptr) {
+      r.error(m->get("tier"), where + ".tier", fmt::format("\"{}\" is not a tier of {}", metric.tier, s.config_path.string()));
+    }
+    metric.target = r.number(*m, "target", where, 1e-6, 1e9, true).value_or(1);
+    o.metrics.push_back(std::move(metric));
+  }
+  try {
+    autoscaler check(o);
+  } catch (const std::invalid_argument& e) {
+    r.error(t, path, e.what());
+    return;
+  }
+  s.autoscale = std::move(o);
+}
+
 void read_target(reader& r, const toml::table& doc, scenario& s) {
   const toml::table* t = r.table(doc, "target", "", true);
   if (!t) return;
-  r.only(*t, "target", {"kind", "config", "quotas", "address", "serve", "base_url", "keys", "replicas"});
+  r.only(*t, "target", {"kind", "config", "quotas", "address", "serve", "base_url", "keys", "replicas", "autoscale"});
   const auto kind = r.choice(*t, "kind", "target", {"virtual", "server", "openai"}, true);
   s.target = kind == "server" ? target_kind::server : kind == "openai" ? target_kind::openai : target_kind::virtual_sim;
   s.base_url = r.string(*t, "base_url", "target").value_or("");
@@ -562,6 +623,7 @@ scenario parse_scenario(std::string_view toml_text, const std::filesystem::path&
                           s.config_path.string(), to_string(s.config.backend.kind)));
     }
   }
+  if (const toml::table* t = doc["target"].as_table()) read_autoscale(r, *t, s);  // its tiers are the config's
   read_run(r, doc, s);
   read_capacity(r, doc, s);
   read_faults(r, doc, s);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "config/runtime_config.hpp"
+#include "scheduler/autoscaler.hpp"
 
 namespace tireless::load {
 
@@ -81,6 +82,9 @@ struct scenario {
   runtime_config config;           // the target's base configuration, loaded
   bool lift_quotas = false;        // quotas = "lifted": tenants' quotas removed in every run
   int32_t replicas = 1;            // virtual: engine replicas behind one router (the fleet)
+  // virtual, [target.autoscale]: the fleet starts at `replicas` and an autoscaler (the HPA's
+  // algorithm, scheduler/autoscaler.hpp) grows and shrinks it; the capacity is measured without it.
+  std::optional<autoscale_options> autoscale;
   std::string address;             // server: "host:port" of a running server ("" = spawn one)
   std::filesystem::path serve;     // server: the tireless-serve program ("" = next to this one)
   std::string base_url;            // openai: "http://host:port" of an OpenAI-compatible server

@@ -26,6 +26,18 @@ struct target_probe {
   int64_t shard_restarts = -1;        // since the session opened; -1: not reported
 };
 
+// A virtual fleet over a run: its replicas at each autoscaler sync, and what it paid for.
+struct fleet_point {
+  double t = 0;
+  int32_t serving = 0, starting = 0;
+};
+struct fleet_report {
+  int32_t initial = 1;              // replicas at the start
+  bool autoscaled = false;
+  std::vector<fleet_point> points;  // one per autoscaler sync (none for a fixed fleet)
+  double replica_seconds = 0;       // every replica from when it was asked for until retired
+};
+
 class target_session {
  public:
   using outcome_fn = std::function<void(const outcome&)>;
@@ -37,6 +49,8 @@ class target_session {
   virtual std::optional<target_probe> probe() = 0;
   // Why the target went away ("" while it is there): no more outcomes will come.
   virtual std::string broken() { return {}; }
+  // A virtual fleet's replicas over the session so far; none for other targets.
+  virtual std::optional<fleet_report> fleet() { return std::nullopt; }
 };
 
 class target {

@@ -14,7 +14,8 @@ namespace {
 
 class virtual_session final : public target_session {
  public:
-  virtual_session(const runtime_config& c, int32_t replicas) : rt_(c, replicas), default_timeout_(c.session.request_timeout) {}
+  virtual_session(const runtime_config& c, const fleet_options& fleet)
+      : rt_(c, fleet), default_timeout_(c.session.request_timeout), fleet_(fleet) {}
 
   double now() override { return rt_.now(); }
   void advance_to(double t) override {
@@ -36,6 +37,16 @@ class virtual_session final : public target_session {
     return target_probe{s.queued_in_admission, s.running, s.waiting_in_engine, s.queued_by_tier, s.shard_restarts};
   }
 
+  std::optional<fleet_report> fleet() override {
+    if (fleet_.replicas <= 1 && !fleet_.autoscale) return std::nullopt;
+    fleet_report f;
+    f.initial = fleet_.replicas;
+    f.autoscaled = fleet_.autoscale.has_value();
+    for (const fleet_sample& x : rt_.fleet_timeline()) f.points.push_back({x.t, x.serving, x.starting});
+    f.replica_seconds = rt_.replica_seconds();
+    return f;
+  }
+
   // Asked before each submit: the runtime is asked at most once a virtual second.
   std::string broken() override {
     if (problem_.empty() && rt_.now() >= next_check_) {
@@ -48,6 +59,7 @@ class virtual_session final : public target_session {
  private:
   virtual_runtime rt_;
   std::chrono::milliseconds default_timeout_;
+  fleet_options fleet_;
   std::string problem_;
   double next_check_ = 0;
 };
@@ -81,10 +93,20 @@ class virtual_target final : public target {
   }
 
   std::unique_ptr<target_session> open(admission_policy policy, bool lift_quotas, const std::string& label) override {
-    return std::make_unique<virtual_session>(run_config(s_, policy, lift_quotas, label != "capacity"), s_.replicas);
+    // The capacity is the starting fleet's, without the autoscaler.
+    const bool measuring = label == "capacity";
+    fleet_options fleet{s_.replicas, measuring ? std::nullopt : s_.autoscale};
+    if (fleet.autoscale) fleet.replicas = std::clamp(fleet.replicas, fleet.autoscale->min_replicas, fleet.autoscale->max_replicas);
+    return std::make_unique<virtual_session>(run_config(s_, policy, lift_quotas, !measuring), fleet);
   }
   bool virtual_time() const override { return true; }
   std::string describe() const override {
+    if (s_.autoscale) {
+      return fmt::format("virtual-time sim ({}, profile {}), {} replicas behind a router to start, autoscaled in [{}, {}] "
+                         "(replicas serve {:g} s after they are asked for)",
+                         s_.config_path.string(), s_.config.backend.sim_profile, s_.replicas, s_.autoscale->min_replicas,
+                         s_.autoscale->max_replicas, s_.autoscale->startup_s);
+    }
     if (s_.replicas > 1) {
       return fmt::format("virtual-time sim ({}, profile {}), {} replicas behind a router", s_.config_path.string(),
                          s_.config.backend.sim_profile, s_.replicas);
