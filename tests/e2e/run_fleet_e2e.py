@@ -61,6 +61,9 @@ class Nginx:
     def __init__(self, workdir, replica_ports):
         self.workdir = os.path.join(workdir, "nginx")
         os.makedirs(self.workdir, exist_ok=True)
+        # Started as root, nginx's workers run as nobody: they must reach their temp folders.
+        for d in (workdir, self.workdir):
+            os.chmod(d, 0o755)
         binary = shutil.which("nginx") or "/usr/sbin/nginx"
         if not os.path.exists(binary):
             raise h.TestFailure("nginx is not installed (scripts/setup installs Debian's nginx)")
