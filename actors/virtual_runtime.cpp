@@ -297,7 +297,10 @@ void virtual_runtime::impl::sync() {
     for (size_t k = 0; k < replicas.size(); ++k) {
       if (replicas[k]->paid() && (pick < 0 || before(k, static_cast<size_t>(pick)))) pick = static_cast<int32_t>(k);
     }
-    if (pick >= 0) replicas[static_cast<size_t>(pick)]->retired_at = t;
+    if (pick >= 0) {
+      replicas[static_cast<size_t>(pick)]->retired_at = t;
+      router.forget(pick);  // its cached prefixes go with it
+    }
   }
   fleet_sample sample{t, 0, 0, want, scaler->last_proposal(), reading.totals};
   for (const auto& r : replicas) {
