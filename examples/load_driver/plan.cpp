@@ -1,7 +1,7 @@
 // tireless-plan: how many replicas a peak needs, found by simulating the fleet (the real
 // engine, policy and actors on the sim backend's virtual clock, N replicas behind the router).
 //
-//   tireless-plan --scenario examples/load_driver/scenarios/h200-k2-fleet.toml \
+//   tireless-plan --scenario examples/load_driver/scenarios/h200-k2-fleet.toml
 //       --peak-users 100000 --requests-per-user-hour 5 --peak-share 0.2 --price-per-hour 3.5
 //   tireless-plan ... --sweep 12:24 --out out/plan     (attainment and cost per replica count, PNG)
 //
