@@ -2,6 +2,7 @@
 #include "gpu/cuda/elementwise.cuh"
 #include "gpu/cuda/ops.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace tireless::cuda {
@@ -48,7 +49,9 @@ __global__ void rope_kernel(float* x, int32_t rows, int32_t heads, int32_t head_
     const int32_t r = static_cast<int32_t>(rh / heads);
     // As the CPU backend: the angle in double, its cosine and sine rounded to float.
     const double theta = pos[r] * pow(static_cast<double>(base), -2.0 * i / rope_dims);
-    const float c = static_cast<float>(cos(theta)), s = static_cast<float>(sin(theta));
+    double sd, cd;
+    sincos(theta, &sd, &cd);
+    const float c = static_cast<float>(cd), s = static_cast<float>(sd);
     float* v = x + rh * head_dim;
     const float a = v[2 * i], b = v[2 * i + 1];
     v[2 * i] = a * c - b * s;
@@ -80,8 +83,10 @@ void silu_mul(const float* g, const float* u, float* out, int64_t n, void* strea
 
 void rope(float* x, int32_t rows, int32_t heads, int32_t head_dim, int32_t rope_dims, const int32_t* pos, float base,
           void* stream) {
-  if (rows <= 0 || heads <= 0) return;
-  if (rope_dims % 2 != 0 || rope_dims > head_dim) throw std::invalid_argument("rope: rope_dims must be even and at most head_dim");
+  if (rope_dims < 0 || rope_dims % 2 != 0 || rope_dims > head_dim) {
+    throw std::invalid_argument("rope: rope_dims must be even, at least 0 and at most head_dim");
+  }
+  if (rows <= 0 || heads <= 0 || rope_dims == 0) return;
   const int64_t total = static_cast<int64_t>(rows) * heads * (rope_dims / 2);
   detail::rope_kernel<<<grid_for(total, 256), 256, 0, detail::stream_of(stream)>>>(x, rows, heads, head_dim, rope_dims, pos,
                                                                                     base);

@@ -16,7 +16,8 @@ namespace tireless::cuda {
 
 // Whether a CUDA device can be used here; `why` says why not (no driver, no device, ...).
 bool device_available(std::string* why = nullptr);
-// Waits for the device; throws with the first error a kernel raised.
+// Waits for the device; throws with the first error a kernel raised. (A launcher's own check
+// reads cudaGetLastError, which may also report an earlier kernel's error.)
 void synchronize();
 
 // Device memory, freed when it goes.
@@ -53,9 +54,10 @@ void silu_mul(const float* g, const float* u, float* out, int64_t n, void* strea
 // "normal" RoPE, as the CPU backend does).
 void rope(float* x, int32_t rows, int32_t heads, int32_t head_dim, int32_t rope_dims, const int32_t* pos, float base,
           void* stream = nullptr);
-// out[r] = row ids[r] of a [n_rows][cols] table in its GGUF type, dequantized.
-void embed_rows(tensor_type type, const void* table, int64_t cols, const int32_t* ids, int32_t rows, float* out,
-                void* stream = nullptr);
+// out[r] = row ids[r] of a [n_rows][cols] table in its GGUF type, dequantized; an id outside
+// the table gives a row of NaN (the caller checks token ids on the host before they go up).
+void embed_rows(tensor_type type, const void* table, int64_t n_rows, int64_t cols, const int32_t* ids, int32_t rows,
+                float* out, void* stream = nullptr);
 // y[r] = row r of w · x, for the rows of a [rows][cols] matrix in its GGUF type (the quantized
 // types dequantized inside the kernel): the matrix-vector product of decode.
 void matvec(tensor_type type, const void* w, int64_t rows, int64_t cols, const float* x, float* y, void* stream = nullptr);

@@ -45,18 +45,26 @@ std::vector<float> from_device(const device_buffer& b, size_t n) {
 
 TEST(cuda_ops, rms_norm_matches_the_cpu) {
   REQUIRE_DEVICE();
-  const int rows = 5, n = 576;
-  const auto x = random_floats(rows * n, 1), w = random_floats(n, 2);
-  auto dx = to_device(x), dw = to_device(w);
-  device_buffer out(x.size() * 4);
-  rms_norm(dx.as<float>(), dw.as<float>(), out.as<float>(), rows, n, 1e-5f);
-  synchronize();
-  const auto got = from_device(out, x.size());
-  for (int r = 0; r < rows; ++r) {
-    double ss = 0;
-    for (int i = 0; i < n; ++i) ss += double(x[r * n + i]) * x[r * n + i];
-    const double scale = 1.0 / std::sqrt(ss / n + 1e-5);
-    for (int i = 0; i < n; ++i) EXPECT_NEAR(got[r * n + i], x[r * n + i] * scale * w[i], 1e-4) << r << " " << i;
+  // 4100: more values than a block's 1024 threads, not a multiple of 32. eps 1e-2: a kernel
+  // that dropped it would be off by far more than the tolerance.
+  for (const int n : {576, 4100}) {
+    const int rows = 5;
+    const float eps = 1e-2f;
+    const auto x = random_floats(rows * n, 1), w = random_floats(n, 2);
+    auto dx = to_device(x), dw = to_device(w);
+    device_buffer out(x.size() * 4);
+    rms_norm(dx.as<float>(), dw.as<float>(), out.as<float>(), rows, n, eps);
+    synchronize();
+    const auto got = from_device(out, x.size());
+    for (int r = 0; r < rows; ++r) {
+      double ss = 0;
+      for (int i = 0; i < n; ++i) ss += double(x[r * n + i]) * x[r * n + i];
+      const double scale = 1.0 / std::sqrt(ss / n + eps);
+      for (int i = 0; i < n; ++i) {
+        const double want = x[r * n + i] * scale * w[i];
+        EXPECT_NEAR(got[r * n + i], want, 2e-6 * std::fabs(want) + 1e-6) << n << " " << r << " " << i;
+      }
+    }
   }
 }
 
@@ -73,22 +81,26 @@ TEST(cuda_ops, silu_mul_matches_the_cpu) {
 
 TEST(cuda_ops, rope_turns_pairs_as_the_cpu_does) {
   REQUIRE_DEVICE();
-  const int rows = 3, heads = 9, hd = 64, rope_dims = 64;
+  const int rows = 3, heads = 9, hd = 64;
   const std::vector<int32_t> pos{0, 17, 4095};
-  auto x = random_floats(rows * heads * hd, 5);
-  auto dx = to_device(x);
-  auto dp = to_device(pos);
-  rope(dx.as<float>(), rows, heads, hd, rope_dims, dp.as<int32_t>(), 100000.0f);
-  synchronize();
-  const auto got = from_device(dx, x.size());
-  for (int r = 0; r < rows; ++r) {
-    for (int h = 0; h < heads; ++h) {
-      for (int i = 0; i < rope_dims / 2; ++i) {
-        const double theta = pos[r] * std::pow(100000.0, -2.0 * i / rope_dims);
-        const float c = float(std::cos(theta)), s = float(std::sin(theta));
+  for (const int rope_dims : {64, 32}) {  // 32: a partial rotary, the rest of each head untouched
+    auto x = random_floats(rows * heads * hd, 5);
+    auto dx = to_device(x);
+    auto dp = to_device(pos);
+    rope(dx.as<float>(), rows, heads, hd, rope_dims, dp.as<int32_t>(), 100000.0f);
+    synchronize();
+    const auto got = from_device(dx, x.size());
+    for (int r = 0; r < rows; ++r) {
+      for (int h = 0; h < heads; ++h) {
         const float* v = &x[(r * heads + h) * hd];
-        EXPECT_NEAR(got[(r * heads + h) * hd + 2 * i], v[2 * i] * c - v[2 * i + 1] * s, 1e-5);
-        EXPECT_NEAR(got[(r * heads + h) * hd + 2 * i + 1], v[2 * i] * s + v[2 * i + 1] * c, 1e-5);
+        const float* g = &got[(r * heads + h) * hd];
+        for (int i = 0; i < rope_dims / 2; ++i) {
+          const double theta = pos[r] * std::pow(100000.0, -2.0 * i / rope_dims);
+          const float c = float(std::cos(theta)), s = float(std::sin(theta));
+          EXPECT_NEAR(g[2 * i], v[2 * i] * c - v[2 * i + 1] * s, 1e-5);
+          EXPECT_NEAR(g[2 * i + 1], v[2 * i] * s + v[2 * i + 1] * c, 1e-5);
+        }
+        for (int j = rope_dims; j < hd; ++j) EXPECT_EQ(g[j], v[j]) << rope_dims << " " << j;
       }
     }
   }
@@ -112,7 +124,7 @@ TEST_P(cuda_typed, embedding_rows_are_the_cpus_dequantized_rows) {
   auto dt = to_device(table);
   auto di = to_device(ids);
   device_buffer out(ids.size() * cols * 4);
-  embed_rows(t, dt.data(), cols, di.as<int32_t>(), static_cast<int32_t>(ids.size()), out.as<float>());
+  embed_rows(t, dt.data(), n_rows, cols, di.as<int32_t>(), static_cast<int32_t>(ids.size()), out.as<float>());
   synchronize();
   const auto got = from_device(out, ids.size() * cols);
   std::vector<float> want(cols);
@@ -125,10 +137,15 @@ TEST_P(cuda_typed, embedding_rows_are_the_cpus_dequantized_rows) {
   }
 }
 
+void check_matvec(tensor_type t, int64_t rows, int64_t cols);
+
 TEST_P(cuda_typed, matvec_matches_the_cpus_dequantized_product) {
   REQUIRE_DEVICE();
-  const tensor_type t = GetParam();
-  const int64_t rows = 1000, cols = 1536;  // a SmolLM2 FFN down projection, transposed
+  check_matvec(GetParam(), 1003, 1536);  // rows not a multiple of a block's 4; SmolLM2's FFN width
+  check_matvec(GetParam(), 37, 14336);   // a 14,336-wide FFN: x past 48 KiB of shared memory
+}
+
+void check_matvec(tensor_type t, int64_t rows, int64_t cols) {
   const auto values = random_floats(rows * cols, 7, 0.05f), x = random_floats(cols, 8);
   std::vector<std::byte> w;
   for (int64_t r = 0; r < rows; ++r) {
@@ -148,7 +165,7 @@ TEST_P(cuda_typed, matvec_matches_the_cpus_dequantized_product) {
     double want = 0, mag = 0;
     for (int64_t c = 0; c < cols; ++c) want += double(row[c]) * x[c], mag += std::fabs(double(row[c]) * x[c]);
     // Float sums in another order: relative to the sum of magnitudes, as ggml's op tests compare.
-    EXPECT_NEAR(got[r], want, 1e-5 * mag + 1e-6) << name(t) << " row " << r;
+    EXPECT_NEAR(got[r], want, 1e-5 * mag + 1e-6) << name(t) << " " << cols << " columns, row " << r;
   }
 }
 
@@ -159,7 +176,9 @@ INSTANTIATE_TEST_SUITE_P(types, cuda_typed,
 
 TEST(cuda_ops, bad_shapes_are_refused_before_any_launch) {
   EXPECT_THROW(matvec(tensor_type::q4_1, nullptr, 4, 33, nullptr, nullptr), std::invalid_argument);
-  EXPECT_THROW(embed_rows(tensor_type::q8_0, nullptr, 100, nullptr, 1, nullptr), std::invalid_argument);
+  EXPECT_THROW(embed_rows(tensor_type::q8_0, nullptr, 10, 100, nullptr, 1, nullptr), std::invalid_argument);
+  EXPECT_THROW(rope(nullptr, 1, 1, 64, -2, nullptr, 10000.0f), std::invalid_argument);
+  EXPECT_NO_THROW(rope(nullptr, 1, 1, 64, 0, nullptr, 10000.0f));  // nothing to turn
   EXPECT_THROW(rope(nullptr, 1, 1, 64, 65, nullptr, 10000.0f), std::invalid_argument);
 }
 
