@@ -43,11 +43,18 @@ owned<proto::Credits> to_wire(const engine_credits& c) {
   auto b = m.init();
   const engine_load& l = c.load;
   b.setMaxWaiting(c.max_waiting);
-  auto waiting = b.initWaitingByPriority(static_cast<unsigned>(l.waiting_by_priority.size()));
-  for (unsigned i = 0; i < l.waiting_by_priority.size(); ++i) {
-    waiting[i].setPriority(l.waiting_by_priority[i].priority);
-    waiting[i].setCount(l.waiting_by_priority[i].requests);
-    waiting[i].setPromptTokens(l.waiting_by_priority[i].prompt_tokens);
+  auto tiers = b.initTiers(static_cast<unsigned>(l.tiers.size()));
+  for (unsigned i = 0; i < l.tiers.size(); ++i) {
+    const tier_load& t = l.tiers[i];
+    auto w = tiers[i];
+    w.setPriority(t.priority);
+    w.setWaiting(t.waiting);
+    w.setRunning(t.running);
+    w.setDecodes(t.decodes);
+    w.setContext(t.context);
+    w.setTpotSeconds(t.tpot_seconds);
+    w.setPromptTokens(t.prompt_tokens);
+    w.setLaterTokens(t.later_tokens);
   }
   auto received = b.initReceivedByPriority(static_cast<unsigned>(c.received_by_priority.size()));
   unsigned i = 0;
@@ -59,10 +66,7 @@ owned<proto::Credits> to_wire(const engine_credits& c) {
   b.setStepObservations(l.step_observations);
   b.setMaxStepTokens(l.max_step_tokens);
   b.setMaxStepSeqs(l.max_step_seqs);
-  b.setRunning(l.running);
-  b.setWaiting(l.waiting);
-  b.setWaitingPromptTokens(l.waiting_prompt_tokens);
-  b.setRunningContext(l.decode_context);
+  b.setStepSeconds(l.step_seconds);
   b.setFinishedPerSecond(l.finished_per_second);
   return m;
 }
@@ -71,8 +75,9 @@ engine_credits from_wire(proto::Credits::Reader r) {
   engine_credits c;
   engine_load& l = c.load;
   c.max_waiting = r.getMaxWaiting();
-  for (auto w : r.getWaitingByPriority()) {
-    l.waiting_by_priority.push_back({w.getPriority(), static_cast<int32_t>(w.getCount()), w.getPromptTokens()});
+  for (auto w : r.getTiers()) {
+    l.tiers.push_back({w.getPriority(), w.getWaiting(), w.getRunning(), w.getDecodes(), w.getContext(), w.getTpotSeconds(),
+                       w.getPromptTokens(), w.getLaterTokens()});
   }
   for (auto x : r.getReceivedByPriority()) c.received_by_priority[x.getPriority()] = x.getCount();
   const auto model = r.getStepModel();
@@ -80,10 +85,7 @@ engine_credits from_wire(proto::Credits::Reader r) {
   l.step_observations = r.getStepObservations();
   l.max_step_tokens = r.getMaxStepTokens();
   l.max_step_seqs = r.getMaxStepSeqs();
-  l.running = r.getRunning();
-  l.waiting = r.getWaiting();
-  l.waiting_prompt_tokens = r.getWaitingPromptTokens();
-  l.decode_context = r.getRunningContext();
+  l.step_seconds = r.getStepSeconds();
   l.finished_per_second = r.getFinishedPerSecond();
   return c;
 }

@@ -41,23 +41,31 @@ struct TokenChunk {
 # there or sent and not yet received) and the load its time-to-first-token predictions read.
 struct Credits {
   maxWaiting @0 :Int32;
-  waitingByPriority @1 :List(PriorityCount);   # with their prompt tokens not yet computed
+  tiers @1 :List(TierLoad);                    # by priority, highest first
   receivedByPriority @2 :List(PriorityCount);  # generate messages received, ever
   stepModel @3 :List(Float64);    # step_time_model coefficients, fitted on the engine's steps
   stepObservations @4 :Int64;
-  maxStepTokens @5 :Int32;        # prompt tokens a step takes now beside the running decodes
+  maxStepTokens @5 :Int32;        # the engine's limits per step
   maxStepSeqs @6 :Int32;
-  running @7 :Int32;
-  waiting @8 :Int32;
-  waitingPromptTokens @9 :Int64;  # not yet computed, over the engine's waiting requests
-  runningContext @10 :Float64;    # positions the running sequences hold, summed
-  finishedPerSecond @11 :Float64; # requests the engine completes per second (moving average)
+  stepSeconds @7 :Float64;        # a step's time budget now (0: only maxStepTokens limits it)
+  finishedPerSecond @8 :Float64;  # requests the engine completes per second (moving average)
+}
+
+# One priority's share of the engine (scheduler/engine_load.hpp, tier_load).
+struct TierLoad {
+  priority @0 :Int32;
+  waiting @1 :Int32;
+  running @2 :Int32;
+  decodes @3 :Int32;
+  context @4 :Float64;       # positions the decodes attend, summed
+  tpotSeconds @5 :Float64;
+  promptTokens @6 :Int64;    # not yet computed, due before a newcomer of the tier
+  laterTokens @7 :Int64;     # not yet computed, due after it
 }
 
 struct PriorityCount {
   priority @0 :Int32;
   count @1 :Int64;
-  promptTokens @2 :Int64;  # in waitingByPriority: prompt tokens of those requests not yet computed
 }
 
 # engine → kv_manager, once per step: what the step needs, in keep order (the entries the

@@ -4,6 +4,7 @@
 #include <random>
 #include <cassert>
 #include <cmath>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -69,7 +70,11 @@ admission_control::tenant_state& admission_control::tenant_of(const std::string&
 }
 
 admission_control::tier_state& admission_control::tier_of(const std::string& name) {
-  for (tier_state& t : tier_states_) {
+  return const_cast<tier_state&>(std::as_const(*this).tier_of(name));
+}
+
+const admission_control::tier_state& admission_control::tier_of(const std::string& name) const {
+  for (const tier_state& t : tier_states_) {
     if (t.settings->name == name) return t;
   }
   return tier_states_.back();
@@ -78,61 +83,49 @@ admission_control::tier_state& admission_control::tier_of(const std::string& nam
 // Seconds a request takes from release to its end, on average: running requests divided by
 // completions per second (Little's law).
 double admission_control::service_seconds() const {
-  return load_.finished_per_second > 0 ? std::max(load_.running, 1) / load_.finished_per_second : 1.0;
+  return load_.finished_per_second > 0 ? std::max(load_.running(), 1) / load_.finished_per_second : 1.0;
 }
 
 double admission_control::predicted_ttft(const std::string& tier, int32_t prompt_tokens, double extra_tokens,
                                          bool own_work_only) const {
-  if (load_.step_observations < 8 || load_.max_step_tokens <= 0) return 0.0;  // nothing measured yet: optimistic
-  step_time_model model;
-  model.set_coefficients(load_.step_model, load_.step_observations);
+  if (!load_.measured()) return 0.0;  // nothing measured yet: optimistic
   // Work ahead of the request: prompts waiting in the engine and those queued here, at its
   // tier or above (the engine places waiting requests in priority order, so a lower tier's
-  // waiting prompts are not ahead of it).
-  int32_t priority = 0;
-  for (const tier_settings& t : tiers_) {
-    if (t.name == tier) priority = t.priority;
-  }
-  double tokens_ahead = static_cast<double>(load_.waiting_prompt_tokens) + extra_tokens;
-  int32_t requests_ahead = load_.waiting;
-  if (kind_ != admission_policy::fcfs && !load_.waiting_by_priority.empty()) {
-    tokens_ahead = extra_tokens;
-    requests_ahead = 0;
-    for (const engine_load::waiting_at& w : load_.waiting_by_priority) {
-      if (w.priority < priority) continue;
-      tokens_ahead += static_cast<double>(w.prompt_tokens);
-      requests_ahead += w.requests;
-    }
+  // waiting prompts are not ahead of it), less its own tier's infeasible prompts that are
+  // due after it (unless it is infeasible itself).
+  const tier_state& own = tier_of(tier);
+  const int32_t priority = own.settings->priority;
+  const bool one_queue = kind_ == admission_policy::fcfs || kind_ == admission_policy::least_slack;
+  const double target = std::chrono::duration<double>(own.settings->ttft).count();
+  const bool infeasible = target > 0 && idle_prefill(prompt_tokens) > target;
+  work_ahead w;
+  w.priority = one_queue ? 0 : priority;  // the engine's priority of the request
+  w.prompt_tokens = extra_tokens + prompt_tokens;
+  w.lower_tiers_yield = own_work_only;
+  for (const tier_load& t : load_.tiers) {
+    if (t.priority < w.priority) continue;
+    w.prompt_tokens += static_cast<double>(t.prompt_tokens);
+    if (t.priority > w.priority || infeasible) w.prompt_tokens += static_cast<double>(t.later_tokens);
+    w.requests += t.waiting;
   }
   for (const tier_state& t : tier_states_) {
-    if (kind_ == admission_policy::fcfs || t.settings->priority >= priority) {
-      tokens_ahead += static_cast<double>(t.queued_prompt_tokens);
-      requests_ahead += t.queued;
-    }
+    if (!one_queue && t.settings->priority < priority) continue;
+    w.prompt_tokens += static_cast<double>(t.queued_prompt_tokens);
+    if (!one_queue && t.settings->priority == priority && !infeasible) w.prompt_tokens -= static_cast<double>(t.queued_later_tokens);
+    w.requests += t.queued;
   }
-  // Decode load while that work is prefilled: the running sequences, joined by those ahead.
-  const double decodes = std::min<double>(load_.max_step_seqs, load_.running + requests_ahead / 2.0);
-  const double context_per_decode = load_.running > 0 ? load_.decode_context / load_.running : 0.0;
-  const double prefill_per_step = std::max(1.0, load_.max_step_tokens - decodes);
-  // Full steps of prefill, then one with what is left (a prompt shorter than a step's prefill
-  // does not cost a whole one).
-  const double step = model.predict({prefill_per_step, decodes, decodes * context_per_decode});
-  const double work = tokens_ahead + prompt_tokens;
-  const double full_steps = std::floor(work / prefill_per_step);
-  const double rest = work - full_steps * prefill_per_step;
-  double ttft = full_steps * step + (rest > 0 ? model.predict({rest, decodes, decodes * context_per_decode}) : 0.0);
-  // Higher tiers' work that arrives during the wait goes ahead of it too: with ρ the share of
-  // the prefill capacity they take, the wait stretches by 1 / (1 - ρ) (tireless only).
+  const first_token_forecast f = forecast_first_token(load_, w);
+  double ttft = f.seconds;
+  // Higher tiers' work that arrives during the wait goes ahead of it too (and, for an
+  // infeasible prompt, its own tier's, which is prefilled before it): with ρ the share of the
+  // prefill capacity they take, the wait stretches by 1 / (1 - ρ) (tireless only).
   if (kind_ == admission_policy::tireless) {
     double rho = 0;
     for (const tier_state& t : tier_states_) {
-      if (t.settings->priority > priority) rho += t.arriving_at(now_ns_) * step / prefill_per_step;
+      if (t.settings->priority > priority || (infeasible && &t == &own)) rho += t.arriving_at(now_ns_) * f.seconds_per_token;
     }
     ttft /= std::max(1.0 - rho, 0.05);
   }
-  // No room in the batch: it also waits for requests to finish.
-  const double excess = (own_work_only ? 0 : load_.running) + requests_ahead + 1.0 - load_.max_step_seqs;
-  if (excess > 0 && load_.finished_per_second > 0) ttft += excess / load_.finished_per_second;
   return ttft;
 }
 
@@ -146,7 +139,7 @@ double admission_control::tier_state::arriving_at(int64_t now_ns) const {
 }
 
 double admission_control::idle_prefill(int32_t prompt_tokens) const {
-  if (load_.step_observations < 8 || load_.max_step_tokens <= 0 || prompt_tokens <= 0) return 0.0;
+  if (!load_.measured() || prompt_tokens <= 0) return 0.0;
   step_time_model model;
   model.set_coefficients(load_.step_model, load_.step_observations);
   const int32_t chunk = load_.max_step_tokens;
@@ -241,7 +234,6 @@ admission_decision admission_control::decide(const arrival& a, bool promise) {
   if (kind_ == admission_policy::tireless) {
     d.ttft_target = ts.ttft;
     d.tpot_target = ts.tpot;
-    if (ts.sheddable) d.start_within = ts.start_bound();
     const double target = std::chrono::duration<double>(ts.ttft).count();
     // A client back with its reservation is not shed now: its hint was a promise. (Newcomers
     // are judged by the work queued, not by reservations: clients that retry without their
@@ -255,6 +247,12 @@ admission_decision admission_control::decide(const arrival& a, bool promise) {
     // feasible requests of its tier, and its outcome says so.
     const double idle = idle_prefill(a.prompt_tokens);
     const bool infeasible = target > 0 && idle > target;
+    // A sheddable request's start bound is its tier's, stretched for an infeasible prompt as
+    // far as its own prefill exceeds the target (its promise is relative to that prefill).
+    if (ts.sheddable) {
+      d.start_within = std::chrono::duration_cast<std::chrono::nanoseconds>(ts.start_bound() *
+                                                                            (infeasible ? idle / target : 1.0));
+    }
     const double pressure = target > 0 ? (infeasible ? (ttft - idle) / target : ttft / target) : 0.0;
     if (!reserved && infeasible && ts.sheddable && (ttft - idle > target || displaces_lower_tiers(ts, a.prompt_tokens))) {
       const int32_t fits = longest_prompt_within(target);
@@ -356,7 +354,9 @@ admission_decision admission_control::arrive(const arrival& a) {
   const tier_settings& ts = *tier.settings;
   tenant_state* tenant = &tenant_of(a.tenant);
   holding h;
-  h.q = {a.id, a.tenant, ts.name, a.prompt_tokens, d.max_tokens, a.now_ns};
+  h.q = {a.id, a.tenant, ts.name, a.prompt_tokens, d.max_tokens, a.now_ns, d.start_within.count()};
+  const double target = std::chrono::duration<double>(ts.ttft).count();
+  h.later = kind_ == admission_policy::tireless && target > 0 && idle_prefill(a.prompt_tokens) > target;
   ++tenant->concurrent;
   if (kind_ == admission_policy::tireless) {
     h.reserved = static_cast<double>(a.prompt_tokens) + d.max_tokens;
@@ -374,6 +374,7 @@ admission_decision admission_control::arrive(const arrival& a) {
   }
   ++tier.queued;
   tier.queued_prompt_tokens += a.prompt_tokens;
+  if (h.later) tier.queued_later_tokens += a.prompt_tokens;
   tier.arriving_tokens_per_s = tier.arriving_at(a.now_ns) + a.prompt_tokens / arrival_window_s;
   tier.arrived_ns = a.now_ns;
   held_.emplace(a.id, std::move(h));
@@ -384,6 +385,7 @@ void admission_control::dequeue(const holding& h) {
   tier_state& tier = tier_of(h.q.tier);
   --tier.queued;
   tier.queued_prompt_tokens -= h.q.prompt_tokens;
+  if (h.later) tier.queued_later_tokens -= h.q.prompt_tokens;
 }
 
 size_t admission_control::first_on_time(const tenant_queue& q, const tier_settings& ts) const {
@@ -546,10 +548,11 @@ std::vector<admission_control::late_request> admission_control::too_late_to_star
   std::vector<late_request> out;
   if (kind_ != admission_policy::tireless) return out;
   for (auto& [id, h] : held_) {
-    if (!h.queued) continue;
-    const tier_settings& ts = *tier_of(h.q.tier).settings;
-    const int64_t bound = std::chrono::duration_cast<std::chrono::nanoseconds>(ts.start_bound()).count();
-    if (ts.sheddable && bound > 0 && now_ns - h.q.arrival_ns > bound) out.push_back({h.q, bound / 1'000'000, 0});
+    if (!h.queued || h.q.start_within_ns <= 0) continue;
+    const double prefill_ns = idle_prefill(h.q.prompt_tokens) * 1e9;
+    if (static_cast<double>(now_ns - h.q.arrival_ns) + prefill_ns > static_cast<double>(h.q.start_within_ns)) {
+      out.push_back({h.q, h.q.start_within_ns / 1'000'000, 0});
+    }
   }
   for (late_request& l : out) {
     cancel(l.q.id, now_ns);  // first: its own prompt is no longer ahead of anyone

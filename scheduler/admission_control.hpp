@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "config/runtime_config.hpp"
+#include "scheduler/engine_load.hpp"
 #include "scheduler/retry_book.hpp"
-#include "scheduler/step_time_model.hpp"
 #include "scheduler/token_bucket.hpp"
 
 namespace tireless {
@@ -62,28 +62,12 @@ struct admission_decision {
   uint64_t retry_token = 0;
 };
 
-// What the engine reports with its credits.
-struct engine_load {
-  std::array<double, step_time_model::n> step_model{};
-  int64_t step_observations = 0;
-  int32_t max_step_tokens = 0, max_step_seqs = 0;
-  int32_t running = 0, waiting = 0;
-  int64_t waiting_prompt_tokens = 0;
-  // The engine's waiting requests by priority (empty: unknown, all of them count as ahead).
-  struct waiting_at {
-    int32_t priority = 0, requests = 0;
-    int64_t prompt_tokens = 0;
-  };
-  std::vector<waiting_at> waiting_by_priority;
-  double decode_context = 0;       // Σ positions attended by the running decodes
-  double finished_per_second = 0;  // completions per second (moving average)
-};
-
 struct queued_request {
   uint64_t id = 0;
   std::string tenant, tier;
   int32_t prompt_tokens = 0, max_tokens = 0;
   int64_t arrival_ns = 0;
+  int64_t start_within_ns = 0;  // its start bound after arrival (admission_decision::start_within); 0: none
 };
 
 class admission_control {
@@ -111,9 +95,10 @@ class admission_control {
   void finished(uint64_t id, int32_t used_tokens, int64_t now_ns);
   // Queued requests that waited longer than max_queue_wait: removed, to be refused.
   std::vector<queued_request> expire(int64_t now_ns);
-  // Queued requests of sheddable tiers that can no longer start within their tier's bound
-  // (tier_settings::start_bound, policy tireless): removed, to be refused before any prefill
-  // is spent on them. Rare by design (refusal at arrival is the normal path): counted.
+  // Queued requests of sheddable tiers that can no longer have their first token within their
+  // start bound (admission_decision::start_within: their prefill alone, on an idle engine,
+  // would end past it; policy tireless): removed, to be refused before any prefill is spent on
+  // them. Rare by design (refusal at arrival is the normal path): counted.
   struct late_request {
     queued_request q;
     int64_t bound_ms = 0;        // its tier's start bound
@@ -163,6 +148,7 @@ class admission_control {
     std::unordered_map<std::string, tenant_queue> tenants;
     int32_t queued = 0;
     int64_t queued_prompt_tokens = 0;
+    int64_t queued_later_tokens = 0;  // of those, infeasible prompts' (prefilled after the others)
     // Prompt tokens admitted per second, a moving average (at arrived_ns): the work of this
     // tier that arrives while a lower tier's request waits.
     double arriving_tokens_per_s = 0;
@@ -173,6 +159,7 @@ class admission_control {
     queued_request q;
     double reserved = 0;  // tokens reserved against the tenant's per-minute quota
     bool queued = true;
+    bool later = false;   // infeasible: prefilled after its tier's feasible prompts
   };
 
   admission_decision decide(const arrival& a, bool promise = true);
@@ -185,6 +172,7 @@ class admission_control {
   std::optional<queued_request> next_in_tier(tier_state& t);
   void dequeue(const holding& h);
   tier_state& tier_of(const std::string& name);
+  const tier_state& tier_of(const std::string& name) const;
   double service_seconds() const;
 
   admission_policy kind_;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <cstdlib>
+#include <functional>
 #include <limits>
 #include <stdexcept>
 
@@ -27,12 +29,12 @@ bool batch_scheduler::cancel(seq_id seq) {
   return true;
 }
 
-std::vector<seq_id> batch_scheduler::take_late(int64_t now) {
+std::vector<seq_id> batch_scheduler::take_late(int64_t now, const step_time_budget& time) {
   std::vector<seq_id> late;
   for (const auto& [id, s] : seqs_) {
-    if (!s.running && s.generated == 0 && s.preemptions == 0 && s.spec.start_by > 0 && now > s.spec.start_by) {
-      late.push_back(id);
-    }
+    if (s.running || s.generated > 0 || s.preemptions > 0 || s.spec.start_by <= 0) continue;
+    const double prefill = idle_prefill_seconds(static_cast<int32_t>(s.tokens.size()), time, limits_.max_step_tokens);
+    if (static_cast<double>(now) + prefill * 1e9 > static_cast<double>(s.spec.start_by)) late.push_back(id);
   }
   for (seq_id id : late) seqs_.erase(id);
   return late;
@@ -98,9 +100,30 @@ int64_t batch_scheduler::sequence::next_token_due() const {
                   last_token_at + longest_pause_ns(spec));
 }
 
-std::vector<size_t> batch_scheduler::prefill_order(const std::vector<const sequence*>& order,
-                                                   const std::vector<size_t>& placed, size_t first, size_t last,
-                                                   const step_time_budget& time, int64_t now) const {
+bool batch_scheduler::infeasible(const sequence& s, const step_time_budget& time) const {
+  return s.generated == 0 && s.spec.ttft_target_ns > 0 && time.per_prefill_token > 0 &&
+         idle_prefill_seconds(static_cast<int32_t>(s.spec.prompt.size()), time, limits_.max_step_tokens) >
+             static_cast<double>(s.spec.ttft_target_ns) * 1e-9;
+}
+
+double batch_scheduler::paced_decode_seconds(const std::vector<const sequence*>& order, const std::vector<size_t>& placed,
+                                             const std::vector<size_t>& tiers, const step_time_budget& time,
+                                             int64_t now) const {
+  double seconds = 0;
+  const int64_t skip_is_late = now + static_cast<int64_t>(2e9 * time.seconds);
+  for (size_t k = 0; k < placed.size(); ++k) {
+    const sequence& s = *order[placed[k]];
+    if (is_decode(s) && (k < tiers[1] || s.next_token_due() <= skip_is_late)) {
+      seconds += time.per_decode + time.per_context_position * s.computed;
+    }
+  }
+  return seconds;
+}
+
+std::vector<batch_scheduler::prefill_pick> batch_scheduler::prefill_order(const std::vector<const sequence*>& order,
+                                                                          const std::vector<size_t>& placed, size_t first,
+                                                                          size_t last, const step_time_budget& time,
+                                                                          int64_t now) const {
   // Earliest deadline first, late ones first (admission keeps a sheddable tier's load within
   // what its deadlines allow, and refuses what waited too long). Then prompts without a
   // deadline, then the infeasible ones: those whose whole prefill on an idle engine takes
@@ -108,35 +131,44 @@ std::vector<size_t> batch_scheduler::prefill_order(const std::vector<const seque
   // them first would make the others miss too), oldest first. Least slack (the deadline less
   // the prompt's own prefill) was measured worse: a prompt part-prefilled gains slack and is
   // paused for newer ones, so more of them are late (h200-k2-fleet at 3x: premium 99.2% ->
-  // 98.7%).
+  // 98.7%); so was an infeasible prompt's own deadline (1.5 or 1.75 times its idle prefill,
+  // by EDF or once it was at stake): it took the prefill from the feasible prompts of its tier
+  // that arrived meanwhile (h200-ramp short form at 1x: premium 98.3% -> 95.2%).
   // In a tier that is not sheddable (no start_by), a prompt already past its first-token
-  // deadline goes after those that can still meet theirs: the tier alone is over the
-  // capacity, and serving the late first would make every one of them late.
+  // deadline goes by its late line (late_after_targets times its target after arrival) while
+  // it can still make that, then after the others: the tier alone is over the capacity, and
+  // serving the late first would make every one of them late.
   struct candidate {
-    int rank;        // 0: feasible, 1: no deadline, 2: past its deadline (not sheddable), 3: infeasible
-    int64_t due;     // rank 0 only
+    int rank;        // 0: by a deadline, 1: no deadline, 2: past its late line (not sheddable), 3: infeasible
+    int64_t due;     // ranks 0 and 2: the order within the rank
     size_t at;       // keep order
     double seconds = 0;     // rank 0: its remaining prefill on an idle engine
-    bool started = false;   // rank 0: some of it was computed
+    bool started = false;   // rank 0: some of it was computed (never deferred)
   };
   std::vector<candidate> c;
   for (size_t k = first; k < last; ++k) {
     const sequence& s = *order[placed[k]];
     if (is_decode(s)) continue;
     const int64_t due = s.next_token_due();
+    const auto left = static_cast<int32_t>(s.tokens.size()) - s.computed;
+    const double seconds = idle_prefill_seconds(left, time, limits_.max_step_tokens);
     if (due == no_deadline) {
       c.push_back({1, 0, k});
     } else if (limits_.least_slack) {
-      const auto left = static_cast<int32_t>(s.tokens.size()) - s.computed;
-      c.push_back({0, due - static_cast<int64_t>(idle_prefill_seconds(left, time, limits_.max_step_tokens) * 1e9), k});
-    } else if (s.generated == 0 && idle_prefill_seconds(static_cast<int32_t>(s.spec.prompt.size()), time, limits_.max_step_tokens) >
-                                        static_cast<double>(s.spec.ttft_target_ns) * 1e-9) {
+      c.push_back({0, due - static_cast<int64_t>(seconds * 1e9), k});
+    } else if (infeasible(s, time)) {
       c.push_back({3, 0, k});
     } else if (s.generated == 0 && s.computed == 0 && s.spec.start_by == 0 && due < now) {
-      c.push_back({2, due, k});
+      // Past its target, unstarted, in a tier that is never refused after admission: by its
+      // late line while it can still make that, then after the others.
+      const int64_t line = static_cast<int64_t>(s.spec.arrival) + static_cast<int64_t>(late_after_targets * static_cast<double>(s.spec.ttft_target_ns));
+      if (now < line) {
+        c.push_back({0, line, k, seconds});
+      } else {
+        c.push_back({2, due, k});
+      }
     } else {
-      const auto left = static_cast<int32_t>(s.tokens.size()) - s.computed;
-      c.push_back({0, due, k, idle_prefill_seconds(left, time, limits_.max_step_tokens), s.computed > 0 || s.generated > 0});
+      c.push_back({0, due, k, seconds, s.computed > 0 || s.generated > 0});
     }
   }
   std::sort(c.begin(), c.end(), [](const candidate& x, const candidate& y) {
@@ -169,48 +201,48 @@ std::vector<size_t> batch_scheduler::prefill_order(const std::vector<const seque
     for (size_t i = 0; i < n0; ++i) (deferred[i] ? later : on_time).push_back(c[i]);
     std::copy(later.begin(), later.end(), std::copy(on_time.begin(), on_time.end(), c.begin()));
   }
-  std::vector<size_t> out;
+  std::vector<prefill_pick> out;
   out.reserve(c.size());
-  for (const candidate& x : c) out.push_back(placed[x.at]);
+  for (const candidate& x : c) {
+    // A longer step is taken for a deadline: none for an infeasible prompt (it waits behind
+    // the others) or one without.
+    out.push_back({placed[x.at], x.rank == 0 || x.rank == 2 ? x.due : no_deadline});
+  }
   return out;
 }
 
 batch_scheduler::step_shape batch_scheduler::shape_step(const std::vector<const sequence*>& order,
-                                                        const std::vector<size_t>& placed, const std::vector<size_t>& tiers,
-                                                        const std::vector<std::vector<size_t>>& prefills,
-                                                        const step_time_budget& time, int64_t now) const {
+                                                        const std::vector<size_t>& placed,
+                                                        const std::vector<std::vector<prefill_pick>>& prefills,
+                                                        const step_time_budget& time, double decode_seconds,
+                                                        int64_t now) const {
   const size_t none = prefills.size();
   if (time.per_prefill_token <= 0 || placed.empty()) return {time.seconds, none};
-  // The decodes that run at the budget's pace: the first tier's, and a lower tier's whose next
-  // token would be late if it yielded (as propose() places them). The least slack of all
-  // decodes bounds a longer step (those with more slack than two such steps yield in it).
+  // The least slack of all decodes bounds a longer step (those with more slack than two steps
+  // at the budget's pace yield in it). decode_seconds: the decodes that run at that pace.
   int64_t decode_slack = no_deadline;
   bool any_decode = false;
-  double decode_seconds = 0;
-  const int64_t skip_is_late = now + static_cast<int64_t>(2e9 * time.seconds);
-  for (size_t k = 0; k < placed.size(); ++k) {
-    const sequence& s = *order[placed[k]];
+  for (size_t k : placed) {
+    const sequence& s = *order[k];
     if (!is_decode(s)) continue;
     any_decode = true;
     decode_slack = std::min(decode_slack, s.next_token_due() - now);
-    if (k < tiers[1] || s.next_token_due() <= skip_is_late) decode_seconds += time.per_decode + time.per_context_position * s.computed;
   }
   if (decode_slack <= 0) return {time.seconds, none};
-  // The prompt first in line for prefill among those with a deadline they can meet on an
-  // idle engine: the highest tier's first, in its prefill order.
+  // The prompts in line for prefill, the highest tier's first, each in its prefill order:
+  // the first with a deadline that it would miss at the budget's pace, with the work ahead of
+  // it, asks for a longer step, and its tier's prefill goes first.
+  const double pace = std::clamp((time.seconds - time.c0 - decode_seconds) / time.per_prefill_token,
+                                 static_cast<double>(min_step_prefill_tokens), static_cast<double>(limits_.max_step_tokens));
+  double ahead = 0;  // prompt tokens in line before it
   for (size_t t = 0; t < prefills.size(); ++t) {
-    for (size_t i : prefills[t]) {
-      const sequence& s = *order[i];
-      const int64_t due = s.next_token_due();
-      const auto prompt = static_cast<int32_t>(s.tokens.size());
-      if (s.generated > 0 || due == no_deadline ||
-          idle_prefill_seconds(prompt, time, limits_.max_step_tokens) > static_cast<double>(s.spec.ttft_target_ns) * 1e-9) {
-        continue;
-      }
-      const double pace = std::clamp((time.seconds - time.c0 - decode_seconds) / time.per_prefill_token,
-                                     static_cast<double>(min_step_prefill_tokens), static_cast<double>(limits_.max_step_tokens));
-      const double steps = std::ceil((prompt - s.computed) / pace);
-      if (static_cast<double>(now) + steps * time.seconds * 1e9 <= static_cast<double>(due)) return {time.seconds, none};
+    for (const prefill_pick& p : prefills[t]) {
+      const sequence& s = *order[p.at];
+      const double left = static_cast<double>(s.tokens.size()) - s.computed;
+      ahead += left;
+      if (s.generated > 0 || p.due == no_deadline) continue;
+      const double steps = std::ceil(ahead / pace);
+      if (static_cast<double>(now) + steps * time.seconds * 1e9 <= static_cast<double>(p.due)) continue;
       // Nobody waits for a token (no decode at all): a whole chunk of max_step_tokens, as on
       // an idle engine.
       if (!any_decode) return {std::max(time.seconds, time.c0 + time.per_prefill_token * limits_.max_step_tokens), t};
@@ -248,8 +280,11 @@ kv_request batch_scheduler::propose(const step_time_budget& time, int64_t now) {
   }
   tiers.push_back(placed.size());
   // Each tier's prefill candidates in the order its prefill budget goes to them.
-  std::vector<std::vector<size_t>> prefills;
-  for (size_t t = 0; t + 1 < tiers.size(); ++t) prefills.push_back(prefill_order(order, placed, tiers[t], tiers[t + 1], time, now));
+  const double decode_seconds = time.seconds > 0 ? paced_decode_seconds(order, placed, tiers, time, now) : 0.0;
+  std::vector<std::vector<prefill_pick>> prefills;
+  for (size_t t = 0; t + 1 < tiers.size(); ++t) {
+    prefills.push_back(prefill_order(order, placed, tiers[t], tiers[t + 1], time, now));
+  }
   std::vector<int32_t> tokens(order.size(), 0);
   int32_t budget = limits_.max_step_tokens;
   if (time.seconds <= 0) {
@@ -262,8 +297,9 @@ kv_request batch_scheduler::propose(const step_time_budget& time, int64_t now) {
       }
     }
     for (size_t t = 0; t + 1 < tiers.size(); ++t) {
-      for (size_t i : prefills[t]) {
+      for (const prefill_pick& p : prefills[t]) {
         if (budget <= 0) break;
+        const size_t i = p.at;
         const sequence& s = *order[i];
         const int32_t n = std::min(static_cast<int32_t>(s.tokens.size()) - s.computed, budget);
         tokens[i] = n;
@@ -280,7 +316,7 @@ kv_request batch_scheduler::propose(const step_time_budget& time, int64_t now) {
     // (skipping one only makes that tier's time per token worse), and prefill advances by
     // min_step_prefill_tokens, the progress admission's predictions count on (so a waiting
     // request is never starved by running decodes that fill the step's time).
-    const step_shape shape = shape_step(order, placed, tiers, prefills, time, now);
+    const step_shape shape = shape_step(order, placed, prefills, time, decode_seconds, now);
     const double seconds = shape.seconds;
     double left = seconds - time.c0;
     int32_t prefill_floor = min_step_prefill_tokens;
@@ -312,8 +348,9 @@ kv_request batch_scheduler::propose(const step_time_budget& time, int64_t now) {
     };
     for (size_t t = 0; t < n_tiers; ++t) {
       if (t < shape.prefill_first) place_decodes(t);
-      for (size_t i : prefills[t]) {
+      for (const prefill_pick& p : prefills[t]) {
         if (budget <= 0) break;
+        const size_t i = p.at;
         const sequence& s = *order[i];
         const int32_t fit = time.per_prefill_token > 0 ? static_cast<int32_t>(left / time.per_prefill_token) : budget;
         const int32_t n = std::min({static_cast<int32_t>(s.tokens.size()) - s.computed, budget,
@@ -470,20 +507,33 @@ bool batch_scheduler::has_work() const {
   return false;
 }
 
-sequence_counts batch_scheduler::counts() const {
+sequence_counts batch_scheduler::counts(const step_time_budget& time) const {
   sequence_counts c;
+  std::map<int32_t, tier_load, std::greater<>> tiers;
   for (const auto& [id, s] : seqs_) {
+    tier_load& t = tiers[s.spec.priority];
+    t.priority = s.spec.priority;
+    t.tpot_seconds = std::max(t.tpot_seconds, static_cast<double>(s.spec.tpot_target_ns) * 1e-9);
     if (s.paused()) ++c.paused;
     if (s.running) {
       ++c.running;
+      ++t.running;
       c.running_context += s.computed;
     } else {
       ++c.waiting;
-      ++c.waiting_by_priority[s.spec.priority];
-      c.waiting_prompt_tokens += static_cast<int64_t>(s.tokens.size());
-      c.waiting_prompt_tokens_by_priority[s.spec.priority] += static_cast<int64_t>(s.tokens.size());
+      ++t.waiting;
+    }
+    const int64_t left = static_cast<int64_t>(s.tokens.size()) - s.computed;
+    if (is_decode(s)) {
+      ++t.decodes;
+      t.context += static_cast<double>(s.computed);
+    } else if (!limits_.least_slack && infeasible(s, time)) {
+      t.later_tokens += left;
+    } else {
+      t.prompt_tokens += left;
     }
   }
+  for (auto& [priority, t] : tiers) c.tiers.push_back(t);
   return c;
 }
 

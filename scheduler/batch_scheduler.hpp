@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "gpu/backend.hpp"
+#include "scheduler/engine_load.hpp"
 #include "scheduler/kv_plan.hpp"
 
 namespace tireless {
@@ -81,6 +82,11 @@ struct sequence_spec {
   int64_t start_by = 0;  // not started by then: taken out by take_late() unstarted; 0: never
 };
 
+// A first token later than this many times its tier's target after arrival is "late": the
+// line a request of a tier that is never refused after admission is still scheduled by once it
+// missed its target (the default start bound of a sheddable tier is the same).
+constexpr double late_after_targets = 2.0;
+
 // The longest a running stream waits for its next token, however far ahead of its deadline
 // it is: what its tier promises for the first token, and at least max_step_stretch TPOTs.
 int64_t longest_pause_ns(const sequence_spec& spec);
@@ -99,10 +105,8 @@ struct scheduler_event {
 
 struct sequence_counts {
   int32_t waiting = 0, running = 0, paused = 0;
-  int64_t waiting_prompt_tokens = 0;  // not yet computed, summed over waiting requests
-  int64_t running_context = 0;        // positions held by running requests, summed
-  std::map<int32_t, int32_t> waiting_by_priority;
-  std::map<int32_t, int64_t> waiting_prompt_tokens_by_priority;
+  int64_t running_context = 0;    // positions held by running requests, summed
+  std::vector<tier_load> tiers;   // by priority, highest first
 };
 
 class batch_scheduler {
@@ -113,9 +117,10 @@ class batch_scheduler {
   // Ends a request: it leaves the batch, its blocks are released with the next request.
   // Returns false when the sequence is unknown (already finished).
   bool cancel(seq_id seq);
-  // Waiting requests that were never started and are past their start_by: removed (nothing
-  // of theirs was computed), to be refused. Call before propose().
-  std::vector<seq_id> take_late(int64_t now);
+  // Waiting requests that were never started and can no longer have their first token by their
+  // start_by (their prefill alone, on an idle engine by `time`'s model, would end past it):
+  // removed (nothing of theirs was computed), to be refused. Call before propose().
+  std::vector<seq_id> take_late(int64_t now, const step_time_budget& time = step_time_budget{});
   // The client acknowledged `tokens` more tokens: the window grows by that many.
   void acknowledge(seq_id seq, int32_t tokens);
 
@@ -128,7 +133,8 @@ class batch_scheduler {
 
   bool has_work() const;          // something could run if blocks allow
   bool knows(seq_id seq) const { return seqs_.count(seq) != 0; }
-  sequence_counts counts() const;
+  // `time`: the model by which a prompt is infeasible (none: every prompt counts as feasible).
+  sequence_counts counts(const step_time_budget& time = step_time_budget{}) const;
   int32_t preemptions(seq_id seq) const;
   int32_t cached_tokens(seq_id seq) const;
   // Tokens the sequence holds (prompt and generated), 0 when unknown.
@@ -154,8 +160,9 @@ class batch_scheduler {
     int64_t first_token_at = -1;   // the `now` of the commit that produced it
     int64_t last_token_at = -1;    // likewise, of its latest token
     bool paused() const { return spec.token_window > 0 && window <= 0; }
-    // When the next token is due (nanoseconds): by its one-token-per-TPOT deadline, and at
-    // most longest_pause_ns() after its latest token; INT64_MAX without a deadline.
+    // When the next token is due (nanoseconds): the first by arrival + its tier's target, then
+    // by its one-token-per-TPOT deadline, and at most longest_pause_ns() after its latest
+    // token; INT64_MAX without a deadline.
     int64_t next_token_due() const;
   };
   struct planned {
@@ -163,22 +170,33 @@ class batch_scheduler {
     int32_t positions;  // positions it holds after the step; equal to computed: kept, not stepped
   };
   std::vector<const sequence*> keep_order() const;
+  // Its prompt alone, on an idle engine by `time`'s model, cannot meet its first-token target.
+  bool infeasible(const sequence& s, const step_time_budget& time) const;
+  // Seconds of a step at the budget's pace that go to decodes: the first tier's, and a lower
+  // tier's whose next token would be late if it yielded (as propose() places them).
+  // tiers: placed[tiers[t]..tiers[t + 1]) share a priority.
+  double paced_decode_seconds(const std::vector<const sequence*>& order, const std::vector<size_t>& placed,
+                              const std::vector<size_t>& tiers, const step_time_budget& time, int64_t now) const;
+  struct prefill_pick {
+    size_t at;    // into order
+    int64_t due;  // the first-token deadline a longer step may be taken for (INT64_MAX: none)
+  };
   // The prefill candidates among order[placed[first..last)] (one tier), in the order the
   // step's prefill budget goes to them.
-  std::vector<size_t> prefill_order(const std::vector<const sequence*>& order, const std::vector<size_t>& placed,
-                                    size_t first, size_t last, const step_time_budget& time, int64_t now) const;
+  std::vector<prefill_pick> prefill_order(const std::vector<const sequence*>& order, const std::vector<size_t>& placed,
+                                          size_t first, size_t last, const step_time_budget& time, int64_t now) const;
   // This step's seconds: the budget's, or longer (max_step_stretch) within the decodes' slack
-  // when the first prompt in line (of the highest tier, in prefill order) that can meet its
-  // deadline on an idle engine would miss it at the budget's pace; then from that prompt's
-  // tier on, prefill goes first: the decodes of its tier and below whose next token is not due
-  // within two steps yield to it. prefills: each tier's prefill_order().
+  // when the first prompt in line (of the highest tier, in prefill order) that has a deadline
+  // would miss it at the budget's pace; then from that prompt's tier on, prefill goes first:
+  // the decodes of its tier and below whose next token is not due within two steps yield to
+  // it. prefills: each tier's prefill_order().
   struct step_shape {
     double seconds = 0;
     size_t prefill_first = 0;  // the first tier whose prefill goes before its decodes (none: the number of tiers)
   };
   step_shape shape_step(const std::vector<const sequence*>& order, const std::vector<size_t>& placed,
-                        const std::vector<size_t>& tiers, const std::vector<std::vector<size_t>>& prefills,
-                        const step_time_budget& time, int64_t now) const;
+                        const std::vector<std::vector<prefill_pick>>& prefills, const step_time_budget& time,
+                        double decode_seconds, int64_t now) const;
 
   scheduler_limits limits_;
   std::map<seq_id, sequence> seqs_;

@@ -82,7 +82,7 @@ void engine_core::fail(seq_id id, const std::string& why) {
 // Requests that waited past their start bound without starting: refused now, before any
 // prefill is spent on them, with the wait they had beyond their target as the retry hint.
 void engine_core::refuse_late(int64_t now) {
-  for (seq_id id : core_.take_late(now)) {
+  for (seq_id id : core_.take_late(now, budget())) {
     auto it = requests_.find(id);
     if (it == requests_.end()) continue;
     const int64_t waited_ms = (now - it->second.arrival_ns) / 1'000'000;
@@ -237,35 +237,18 @@ step_time_budget engine_core::budget() const {
   return b;
 }
 
-int32_t engine_core::token_budget() const {
-  const int32_t max_tokens = o_.limits.max_step_tokens;
-  const step_time_budget b = budget();
-  if (b.seconds <= 0) return max_tokens;
-  const sequence_counts c = core_.counts();
-  const double decodes = std::min(c.running, o_.limits.max_step_seqs);
-  const double spare = b.seconds - b.c0 - b.per_decode * decodes - b.per_context_position * c.running_context;
-  const int32_t floor = static_cast<int32_t>(decodes) + min_step_prefill_tokens;
-  return std::clamp(static_cast<int32_t>(decodes + std::max(spare / b.per_prefill_token, 0.0)),
-                    std::min(floor, max_tokens), max_tokens);
-}
-
 engine_credits engine_core::credits() const {
-  const sequence_counts c = core_.counts();
+  const step_time_budget b = budget();
   engine_credits out;
   out.max_waiting = o_.max_waiting;
   out.received_by_priority = received_by_priority_;
   engine_load& l = out.load;
   l.step_model = step_model_.coefficients();
   l.step_observations = step_model_.observations();
-  l.max_step_tokens = token_budget();
+  l.max_step_tokens = o_.limits.max_step_tokens;
   l.max_step_seqs = o_.limits.max_step_seqs;
-  l.running = c.running;
-  l.waiting = c.waiting;
-  l.waiting_prompt_tokens = c.waiting_prompt_tokens;
-  for (const auto& [priority, n] : c.waiting_by_priority) {
-    l.waiting_by_priority.push_back({priority, n, c.waiting_prompt_tokens_by_priority.at(priority)});
-  }
-  l.decode_context = static_cast<double>(c.running_context);
+  l.step_seconds = b.seconds;
+  l.tiers = core_.counts(b).tiers;
   l.finished_per_second = finished_per_second_;
   return out;
 }

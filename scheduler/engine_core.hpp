@@ -110,8 +110,6 @@ class engine_core {
   engine_stats stats() const;
   // This step's time budget: the tightest tier's time per output token, less the headroom.
   step_time_budget budget() const;
-  // Prompt tokens a step takes now beside the running decodes (for admission's predictions).
-  int32_t token_budget() const;
   const engine_options& options() const { return o_; }
 
  private:

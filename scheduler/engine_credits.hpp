@@ -10,14 +10,14 @@
 #include <cstdint>
 #include <map>
 
-#include "scheduler/admission_control.hpp"
+#include "scheduler/engine_load.hpp"
 
 namespace tireless {
 
 struct engine_credits {
   int32_t max_waiting = 0;
   std::map<int32_t, int64_t> received_by_priority;  // generate messages received, ever
-  engine_load load;                                 // waiting_by_priority is the room's use
+  engine_load load;                                 // its tiers' waiting requests are the room's use
 };
 
 // Admission's side of the waiting room: what the engine last said, and what was sent since.
@@ -26,7 +26,7 @@ class credit_ledger {
   void update(const engine_credits& c) {
     max_waiting_ = c.max_waiting;
     waiting_.clear();
-    for (const auto& w : c.load.waiting_by_priority) waiting_[w.priority] = w.requests;
+    for (const tier_load& t : c.load.tiers) waiting_[t.priority] = t.waiting;
     received_ = c.received_by_priority;
   }
   // Whether one more request of this priority may be sent now.

@@ -287,11 +287,11 @@ std::string percent(double v) { return std::isnan(v) ? std::string("-") : fmt::f
 // and the recovery after a load drop; then each scenario's bars.
 std::string suite_matrix(const std::vector<scenario_outcome>& all, const std::vector<admission_policy>& policies) {
   std::string out = "suite matrix: per policy, the top tier's SLO among feasible requests / goodput (completion tokens/s "
-                    "of SLO-meeting requests); tireless: worst window of its top tier, worst late share of any tier, "
-                    "recovery after a load drop\n";
+                    "of SLO-meeting requests); tireless: worst window of its top tier (and among what an ideal engine "
+                    "could have put on time, ideal.hpp), worst late share of any tier, recovery after a load drop\n";
   out += fmt::format("  {:<20} {:>5}", "scenario", "load");
   for (admission_policy p : policies) out += fmt::format(" {:>22}", to_string(p));
-  out += fmt::format(" {:>10} {:>9} {:>9}\n", "worst min", "late max", "recovery");
+  out += fmt::format(" {:>10} {:>11} {:>9} {:>9}\n", "worst min", "worst ideal", "late max", "recovery");
   for (const scenario_outcome& r : all) {
     if (!r.ran) {
       out += fmt::format("  {:<20} did not run (see the error above)\n", r.name.empty() ? "?" : r.name);
@@ -317,7 +317,8 @@ std::string suite_matrix(const std::vector<scenario_outcome>& all, const std::ve
       if (ours) {
         double late = 0;
         for (const tier_metrics& t : ours->tiers) late = std::max(late, std::isnan(t.worst_window_late) ? 0.0 : t.worst_window_late);
-        out += fmt::format(" {:>10} {:>9} {:>9}", percent(ours->tiers.front().worst_window_slo_feasible), percent(late),
+        out += fmt::format(" {:>10} {:>11} {:>9} {:>9}", percent(ours->tiers.front().worst_window_slo_feasible),
+                           percent(ours->tiers.front().worst_window_slo_ideal), percent(late),
                            ours->drop_s < 0 ? std::string("-")
                            : std::isnan(ours->recovery_s) ? std::string("never")
                                                           : fmt::format("{:.0f} s", ours->recovery_s));

@@ -1,5 +1,7 @@
 #include "report.hpp"
 
+#include "ideal.hpp"
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -89,17 +91,41 @@ bool feasible(const request_record& r, const tier_metrics& t) {
 
 double ratio(int64_t n, int64_t d) { return d > 0 ? static_cast<double>(n) / static_cast<double>(d) : nan; }
 
+// For each record: whether it is of the top tier and an ideal engine could have put it on time
+// with the tier's other requests (ideal.hpp).
+std::vector<bool> ideal_top_tier(const run_result& run, const run_metrics& m) {
+  std::vector<ideal_request> top;
+  std::vector<size_t> at;
+  for (size_t i = 0; i < run.records.size(); ++i) {
+    const request_record& r = run.records[i];
+    if (r.plan.tier != 0) continue;
+    // Only what the report counts as feasible (its idle prefill, step costs and all, fits).
+    const bool can = std::isnan(r.idle_ttft_s) || r.idle_ttft_s * 1000.0 <= m.tiers.front().ttft_target_ms;
+    top.push_back({r.plan.arrival_s, can ? r.idle_work_s : std::numeric_limits<double>::infinity()});
+    at.push_back(i);
+  }
+  const std::vector<bool> on_time = ideal_on_time(top, m.tiers.front().ttft_target_ms / 1000.0, run.stalls);
+  std::vector<bool> out(run.records.size(), false);
+  for (size_t k = 0; k < at.size(); ++k) out[at[k]] = on_time[k];
+  return out;
+}
+
 // Counts by tier of the requests arriving in [from, to).
 window_metrics count_window(const run_result& run, const run_metrics& m, double from, double to) {
   window_metrics w;
   w.from_s = from;
   w.to_s = to;
   w.tiers.resize(m.tiers.size());
-  for (const request_record& r : run.records) {
+  for (size_t i = 0; i < run.records.size(); ++i) {
+    const request_record& r = run.records[i];
     if (r.plan.arrival_s < from || r.plan.arrival_s >= to) continue;
     const tier_metrics& t = m.tiers[static_cast<size_t>(r.plan.tier)];
     window_metrics::tier_counts& c = w.tiers[static_cast<size_t>(r.plan.tier)];
     const bool met = slo_met(r, t), can = feasible(r, t);
+    if (i < m.ideal.size() && m.ideal[i]) {
+      ++c.ideal;
+      c.ideal_met += met;
+    }
     ++c.offered;
     c.tokens += r.plan.prompt_tokens + r.plan.max_tokens;
     c.met += met;
@@ -122,14 +148,16 @@ void measure_windows(const run_result& run, run_metrics& m) {
     m.windows.push_back(count_window(run, m, from, i + 1 == n ? run.measure_to_s : from + m.window_s));
   }
   for (size_t k = 0; k < m.tiers.size(); ++k) {
-    double worst_slo = nan, worst_late = nan;
+    double worst_slo = nan, worst_late = nan, worst_ideal = nan;
     for (const window_metrics& w : m.windows) {
       const auto& c = w.tiers[k];
       if (c.feasible > 0) worst_slo = std::isnan(worst_slo) ? ratio(c.feasible_met, c.feasible) : std::min(worst_slo, ratio(c.feasible_met, c.feasible));
       if (c.completed > 0) worst_late = std::isnan(worst_late) ? ratio(c.late, c.completed) : std::max(worst_late, ratio(c.late, c.completed));
+      if (k == 0 && c.ideal > 0) worst_ideal = std::isnan(worst_ideal) ? ratio(c.ideal_met, c.ideal) : std::min(worst_ideal, ratio(c.ideal_met, c.ideal));
     }
     m.tiers[k].worst_window_slo_feasible = worst_slo;
     m.tiers[k].worst_window_late = worst_late;
+    if (k == 0) m.tiers[k].worst_window_slo_ideal = worst_ideal;
   }
 }
 
@@ -239,6 +267,10 @@ nlohmann::json metrics_json(const tier_metrics& m) {
           {"feasible_met", m.feasible_met},
           {"slo_attainment_feasible", m.slo_feasible},
           {"worst_window_slo_feasible", m.worst_window_slo_feasible},
+          {"ideal", m.ideal},
+          {"ideal_met", m.ideal_met},
+          {"slo_attainment_ideal", m.slo_ideal},
+          {"worst_window_slo_ideal", m.worst_window_slo_ideal},
           {"worst_window_late_share", m.worst_window_late},
           {"goodput_tokens_per_s", m.goodput_tps},
           {"completion_tokens_per_s", m.completion_tps},
@@ -317,7 +349,9 @@ run_metrics measure(const run_result& run, const scenario& s) {
   }
   m.total.tier = "total";
   auto target_of = [&](const request_record& r) -> tier_metrics& { return m.tiers[static_cast<size_t>(r.plan.tier)]; };
-  for (const request_record& r : run.records) {
+  m.ideal = ideal_top_tier(run, m);
+  for (size_t i = 0; i < run.records.size(); ++i) {
+    const request_record& r = run.records[i];
     ++m.requests;
     m.lost += !r.done();
     m.silently_shortened += silently_shortened(r);
@@ -341,7 +375,12 @@ run_metrics measure(const run_result& run, const scenario& s) {
     m.total.feasible += can;
     t.feasible_met += can && met;
     m.total.feasible_met += can && met;
+    if (m.ideal[i]) {
+      ++t.ideal;
+      t.ideal_met += met;
+    }
   }
+  m.tiers.front().slo_ideal = ratio(m.tiers.front().ideal_met, m.tiers.front().ideal);
   const double window = run.measure_to_s - run.measure_from_s;
   for (size_t k = 0; k < m.tiers.size(); ++k) finish(m.tiers[k], x[k], window);
   finish(m.total, all, window);
@@ -420,7 +459,8 @@ std::vector<bar_check> check_bars(const std::vector<run_result>& runs, const std
     const run_result* prio = find_run(runs, admission_policy::priority, mult, &ip);
     if (m.top_tier_load <= 1.0) {
       record(windows, top.worst_window_slo_feasible >= 0.99 || std::isnan(top.worst_window_slo_feasible),
-             fmt::format("{:g}x worst {} ({} overall)", mult, pct(top.worst_window_slo_feasible), pct(top.slo_feasible)));
+             fmt::format("{:g}x worst {} ({} overall; of what an ideal engine could have put on time: worst {})", mult,
+                         pct(top.worst_window_slo_feasible), pct(top.slo_feasible), pct(top.worst_window_slo_ideal)));
     } else if (prio) {
       const double theirs = metrics[ip].tiers.front().slo_attainment;
       record(windows, top.slo_attainment >= theirs,
@@ -548,6 +588,12 @@ std::string run_table(const run_result& run, const run_metrics& m, const scenari
                          pct(t.worst_window_late));
   }
   out += fmt::format("  SLO among feasible requests (could meet the TTFT target on an idle engine): {}\n", feasible);
+  const tier_metrics& top = m.tiers.front();
+  if (top.ideal > 0) {
+    out += fmt::format("  {}, among the requests an ideal engine could have put on time with the tier's own others "
+                       "(the tier alone, prefill only): {} ({} of {}), worst window {}\n",
+                       top.tier, pct(top.slo_ideal), top.ideal_met, top.ideal, pct(top.worst_window_slo_ideal));
+  }
   std::string pauses;
   for (const tier_metrics& t : m.tiers) {
     pauses += fmt::format("{}{} {} / {} ms", pauses.empty() ? "" : ", ", t.tier, num(t.pause_p99), num(t.pause_max));

@@ -141,7 +141,9 @@ run_result run_open_loop(target& t, const scenario& s, admission_policy policy, 
   for (size_t i = 0; i < plan.size(); ++i) {
     st->records[i].plan = plan[i];
     st->records[i].idle_ttft_s = t.idle_first_token_s(plan[i].prompt_tokens, plan[i].arrival_s);
+    st->records[i].idle_work_s = t.idle_prefill_work_s(plan[i].prompt_tokens, plan[i].arrival_s);
   }
+  out.stalls = t.stalls();
 
   auto session = t.open(policy, s.lift_quotas, out.label);
   const double horizon = out.measure_to_s, drain_until = horizon + s.drain_seconds();

@@ -25,6 +25,7 @@ struct request_record {
   double ttft_ms = -1, total_ms = 0;
   double longest_pause_ms = 0;  // between two of its tokens (outcome::longest_pause_ms)
   double idle_ttft_s = 0;  // its first token on an idle engine (target::idle_first_token_s); NaN: not known
+  double idle_work_s = 0;  // that prefill less its steps' fixed cost (target::idle_prefill_work_s); NaN: not known
 
   bool done() const { return outcome_s >= 0; }
 };
@@ -48,6 +49,7 @@ struct run_result {
   std::string target_broken;  // why the target went away before the run ended; "" if it did not
   int64_t shard_restarts = -1;  // in the run, as the target counts them; -1: not reported
   std::optional<fleet_report> fleet;  // a virtual fleet's replicas over the run
+  std::vector<std::pair<double, double>> stalls;  // the target's (target::stalls)
 };
 
 struct capacity_result {

@@ -67,6 +67,12 @@ class target {
   // target has none. Longer than its tier's TTFT target: the request is infeasible. at_s: when
   // in the run it arrives (a target with faults over time counts those in force then).
   virtual double idle_first_token_s(int32_t prompt_tokens, double at_s) const;
+  // The same prefill's work less the fixed cost of its steps (which prompts sharing a step pay
+  // once): what an ideal engine spends on it (ideal.hpp); NaN when the target has no model.
+  virtual double idle_prefill_work_s(int32_t prompt_tokens, double at_s) const;
+  // [from, to) spans of a run's time in which the target computes nothing (an expert group's
+  // failure detection and re-run); empty where it has none.
+  virtual std::vector<std::pair<double, double>> stalls() const { return {}; }
 };
 
 std::unique_ptr<target> make_virtual_target(const scenario& s);

@@ -76,20 +76,16 @@ class virtual_target final : public target {
   }
 
   // At at_s of a run: under the expert group's faults in force then.
-  double idle_first_token_s(int32_t prompt_tokens, double at_s) const override {
-    const sim::expert_condition condition = sim::condition_at(events_, profile_.ep.degree, at_s);
-    // The steps of the prompt's prefill alone: chunks of max_step_tokens, each attending the
-    // positions before it; the last one samples the first token.
-    const int64_t chunk = std::max(s_.config.engine.max_step_tokens, 1);
-    double seconds = 0;
-    for (int64_t at = 0; at < prompt_tokens; at += chunk) {
-      const int64_t n = std::min<int64_t>(chunk, prompt_tokens - at);
-      sim::step_shape shape;
-      shape.prefill_tokens = n;
-      shape.prefill_context = n * at + n * (n + 1) / 2;  // sum over its tokens of pos + 1
-      seconds += sim::step_seconds(profile_, shape, condition);
+  double idle_first_token_s(int32_t prompt_tokens, double at_s) const override { return prefill_s(prompt_tokens, at_s, 0); }
+  double idle_prefill_work_s(int32_t prompt_tokens, double at_s) const override {
+    return prefill_s(prompt_tokens, at_s, profile_.cost.c0);
+  }
+  std::vector<std::pair<double, double>> stalls() const override {
+    std::vector<std::pair<double, double>> out;
+    for (const sim::expert_event& e : events_) {
+      if (e.stall_s > 0) out.emplace_back(e.at_s, e.at_s + e.stall_s);
     }
-    return seconds;
+    return out;
   }
 
   std::unique_ptr<target_session> open(admission_policy policy, bool lift_quotas, const std::string& label) override {
@@ -115,6 +111,23 @@ class virtual_target final : public target {
   }
 
  private:
+  // The steps of a prompt's prefill alone, under the expert group's faults in force at at_s:
+  // chunks of max_step_tokens, each attending the positions before it (the last one samples
+  // the first token), each less `fixed` seconds.
+  double prefill_s(int32_t prompt_tokens, double at_s, double fixed) const {
+    const sim::expert_condition condition = sim::condition_at(events_, profile_.ep.degree, at_s);
+    const int64_t chunk = std::max(s_.config.engine.max_step_tokens, 1);
+    double seconds = 0;
+    for (int64_t at = 0; at < prompt_tokens; at += chunk) {
+      const int64_t n = std::min<int64_t>(chunk, prompt_tokens - at);
+      sim::step_shape shape;
+      shape.prefill_tokens = n;
+      shape.prefill_context = n * at + n * (n + 1) / 2;  // sum over its tokens of pos + 1
+      seconds += sim::step_seconds(profile_, shape, condition) - fixed;
+    }
+    return seconds;
+  }
+
   const scenario& s_;
   sim::sim_profile profile_;
   resolved_limits limits_;
@@ -124,6 +137,7 @@ class virtual_target final : public target {
 }  // namespace
 
 double target::idle_first_token_s(int32_t, double) const { return std::numeric_limits<double>::quiet_NaN(); }
+double target::idle_prefill_work_s(int32_t, double) const { return std::numeric_limits<double>::quiet_NaN(); }
 
 std::unique_ptr<target> make_virtual_target(const scenario& s) { return std::make_unique<virtual_target>(s); }
 

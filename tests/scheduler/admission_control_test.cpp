@@ -34,16 +34,24 @@ tenant_settings tenant(std::string name, std::string tier, double weight = 1.0) 
 
 constexpr int64_t second = 1'000'000'000;
 
-// An engine whose steps take 10 ms + 1 ms per prefill token: a 100-token prompt alone has a
-// predicted TTFT of (0 steps + 1) × (10 + 1 ms × (512 − decodes)) ≈ 0.5 s at idle.
+// Work waiting in the engine at a priority: `requests` prompts of `tokens` in all.
+tier_load waiting_at(int32_t priority, int32_t requests, int64_t tokens) {
+  tier_load t;
+  t.priority = priority;
+  t.waiting = requests;
+  t.prompt_tokens = tokens;
+  return t;
+}
+
+// An engine whose steps take 10 ms + 1 ms per prefill token, 512 tokens a step (no time
+// budget), with `waiting_prompt_tokens` waiting above every tier's priority (ahead of all).
 engine_load busy_engine(int64_t waiting_prompt_tokens) {
   engine_load l;
   l.step_model = {0.010, 0.001, 0.0, 0.0};
   l.step_observations = 100;
   l.max_step_tokens = 512;
   l.max_step_seqs = 64;
-  l.running = 0;
-  l.waiting_prompt_tokens = waiting_prompt_tokens;
+  if (waiting_prompt_tokens > 0) l.tiers = {waiting_at(1000, 0, waiting_prompt_tokens)};
   l.finished_per_second = 10;
   return l;
 }
@@ -184,20 +192,14 @@ TEST(admission_control, early_rejection_when_and_only_when_the_prediction_misses
 // there are not ahead of a higher tier's request: only its own tier and those above count.
 TEST(admission_control, a_lower_tiers_waiting_prompts_are_not_ahead_of_a_higher_tier) {
   admission_control c(admission_policy::tireless, {}, {tier("gold", 2, 2000ms), tier("free", 1, 8000ms)}, {});
-  engine_load l = busy_engine(20000);
-  l.waiting = 40;
-  l.waiting_by_priority = {{1, 38, 19000}, {2, 2, 1000}};
+  engine_load l = busy_engine(0);
+  l.tiers = {waiting_at(2, 2, 1000), waiting_at(1, 38, 19000)};
   c.observe(l);
   const double gold = c.predicted_ttft("gold", 100), free = c.predicted_ttft("free", 100);
   EXPECT_LT(gold, 2.0) << "1100 tokens: 3 steps of ~0.52 s";
   EXPECT_GT(free, 10 * gold) << "20000 tokens ahead";
   EXPECT_TRUE(arrive(c, 1, "", "gold", 0).admitted);
   EXPECT_FALSE(arrive(c, 2, "", "free", 0).admitted);
-  // Without the breakdown (an older engine), everything waiting counts as ahead.
-  admission_control before(admission_policy::tireless, {}, {tier("gold", 2, 2000ms), tier("free", 1, 8000ms)}, {});
-  l.waiting_by_priority.clear();
-  before.observe(l);
-  EXPECT_NEAR(before.predicted_ttft("gold", 100), free, 1e-9);
 }
 
 // 10 ms + 1 ms a prompt token a step (512 a step): a 2000-token prompt alone takes ~2 s
@@ -216,8 +218,8 @@ TEST(admission_control, an_infeasible_prompt_says_so_and_is_refused_with_a_split
   EXPECT_EQ(d.ttft_target, 600ms) << "the engine schedules by the tier's deadline";
 
   admission_control busy(admission_policy::tireless, {}, tiers, {});
-  engine_load lower_tier_work = busy_engine(20000);
-  lower_tier_work.waiting_by_priority = {{1, 40, 20000}};  // tier t's
+  engine_load lower_tier_work = busy_engine(0);
+  lower_tier_work.tiers = {waiting_at(1, 40, 20000)};  // tier t's
   busy.observe(lower_tier_work);
   d = arrive(busy, 2, "", "t", 0, 2000);
   ASSERT_FALSE(d.admitted);
@@ -294,16 +296,16 @@ TEST(admission_control, a_tier_that_is_not_sheddable_is_refused_only_when_its_ow
   const std::vector<tier_settings> tiers = {tier("gold", 2, 100ms, false), tier("free", 1, 100ms)};
   // ~20 s of the lower tier's prompts wait: no reason to refuse gold.
   admission_control c(admission_policy::tireless, {}, tiers, {});
-  engine_load lower = busy_engine(20000);
-  lower.waiting_by_priority = {{1, 40, 20000}};
+  engine_load lower = busy_engine(0);
+  lower.tiers = {waiting_at(1, 40, 20000)};
   c.observe(lower);
   const admission_decision calm = arrive(c, 1, "", "gold", 0);
   EXPECT_TRUE(calm.admitted) << "the lower tier's load is no reason: " << calm.message;
   // ~1 s of gold's own prompts wait, past its start bound (2 x 100 ms): gold alone is over
   // the capacity; refused now, with a retry hint, rather than served late.
   admission_control over(admission_policy::tireless, {}, tiers, {});
-  engine_load own = busy_engine(1000);
-  own.waiting_by_priority = {{2, 4, 1000}};
+  engine_load own = busy_engine(0);
+  own.tiers = {waiting_at(2, 4, 1000)};
   over.observe(own);
   ASSERT_GT(over.predicted_ttft("gold", 100), 0.2);
   const admission_decision d = arrive(over, 2, "", "gold", 0);
@@ -311,6 +313,85 @@ TEST(admission_control, a_tier_that_is_not_sheddable_is_refused_only_when_its_ow
   EXPECT_EQ(d.reason, refusal::overloaded);
   EXPECT_NE(d.message.find("start_within_ms"), std::string::npos) << d.message;
   EXPECT_GT(d.retry_after_ms, 0);
+}
+
+// Steps of a 50 ms budget: 5 ms + 0.1 ms a prompt token + 0.3 ms a decode; 150 decodes of
+// the lower tier (a token per 200 ms) running. Charged to every step they would take 45 ms.
+engine_load lower_tier_decoding() {
+  engine_load l;
+  l.step_model = {0.005, 0.0001, 0.0003, 0.0};
+  l.step_observations = 100;
+  l.max_step_tokens = 8192;
+  l.max_step_seqs = 512;
+  l.step_seconds = 0.050;
+  tier_load free;
+  free.priority = 1;
+  free.running = free.decodes = 150;
+  free.tpot_seconds = 0.200;
+  l.tiers = {free};
+  l.finished_per_second = 20;
+  return l;
+}
+
+TEST(admission_control, a_tier_that_is_never_shed_is_judged_with_the_lower_tiers_decodes_yielding_to_it) {
+  // A 1000-token gold prompt, target 300 ms: beside 150 free decodes that yield within their
+  // slack (22.5% of the time at their TPOT), ~3 steps; charged whole to every step they leave
+  // 16 tokens a step, seconds. Gold is judged by the first (the engine packs it that way),
+  // the free tier by the second (a margin for the tiers above it).
+  std::vector<tier_settings> tiers = {tier("gold", 2, 300ms, false), tier("free", 1, 5000ms)};
+  tiers[1].tpot = 200ms;
+  admission_control c(admission_policy::tireless, {}, tiers, {});
+  c.observe(lower_tier_decoding());
+  const double own = c.predicted_ttft("gold", 1000, 0, true), all = c.predicted_ttft("gold", 1000);
+  EXPECT_LT(own, 0.2);
+  EXPECT_GT(all, 2.0);
+  const admission_decision d = arrive(c, 1, "", "gold", 0, 1000);
+  EXPECT_TRUE(d.admitted) << d.message;
+  EXPECT_TRUE(d.degradations.empty());
+}
+
+TEST(admission_control, an_infeasible_prompts_wait_counts_its_own_tiers_arrivals_which_go_before_it) {
+  const std::vector<tier_settings> tiers = {tier("gold", 2, 600ms, false)};
+  admission_control quiet(admission_policy::tireless, {}, tiers, {});
+  admission_control busy(admission_policy::tireless, {}, tiers, {});
+  quiet.observe(busy_engine(0));
+  busy.observe(busy_engine(0));
+  for (int i = 0; i < 100; ++i) {  // 30 feasible gold tokens every 100 ms, released at once
+    ASSERT_TRUE(arrive(busy, static_cast<uint64_t>(i), "", "gold", i * second / 10, 30).admitted);
+    busy.next();
+  }
+  // A feasible prompt goes before the arrivals after it (earliest deadline first): not stretched.
+  EXPECT_NEAR(busy.predicted_ttft("gold", 100), quiet.predicted_ttft("gold", 100), 1e-9);
+  // An infeasible one (2000 tokens, ~2 s alone against 600 ms) goes after them: stretched.
+  EXPECT_GT(busy.predicted_ttft("gold", 2000), 1.05 * quiet.predicted_ttft("gold", 2000));
+}
+
+TEST(admission_control, a_queued_request_is_refused_once_its_prefill_can_no_longer_end_within_its_start_bound) {
+  // 10 ms + 1 ms a token, 512 a step: 2000 tokens take ~2 s alone, 100 take 0.11 s. Tier t's
+  // start bound is 3 s: the long prompt cannot end its prefill within it once it waited 1 s.
+  std::vector<tier_settings> tiers = {tier("t", 1, 1500ms)};
+  tiers[0].start_within = 3000ms;
+  admission_control c(admission_policy::tireless, {}, tiers, {});
+  c.observe(busy_engine(0));
+  ASSERT_TRUE(arrive(c, 1, "", "t", 0, 100).admitted);
+  const admission_decision d = arrive(c, 2, "", "t", 0, 2000);
+  ASSERT_TRUE(d.admitted);
+  ASSERT_EQ(d.degradations.size(), 1u) << "infeasible: ~2 s alone against 1.5 s";
+  // Its bound is stretched as far as its own prefill exceeds the target: 3 s x 2.0 / 1.5.
+  EXPECT_NEAR(static_cast<double>(d.start_within.count()), 3e9 * c.idle_prefill(2000) / 1.5, 1e3);
+  // It is refused once what it waited and its prefill (~2 s) pass that (~4 s): after ~2 s,
+  // long before the bound itself; the short one once ~2.9 s passed.
+  const double prefill = c.idle_prefill(2000);
+  const double bound = static_cast<double>(d.start_within.count()) * 1e-9;
+  EXPECT_TRUE(c.too_late_to_start(static_cast<int64_t>((bound - prefill - 0.05) * 1e9)).empty());
+  auto late = c.too_late_to_start(static_cast<int64_t>((bound - prefill + 0.05) * 1e9));
+  ASSERT_EQ(late.size(), 1u);
+  EXPECT_EQ(late[0].q.id, 2u);
+  EXPECT_EQ(late[0].bound_ms, d.start_within.count() / 1'000'000);
+  EXPECT_TRUE(c.too_late_to_start(static_cast<int64_t>(2.85e9)).empty());
+  late = c.too_late_to_start(static_cast<int64_t>(2.9e9));
+  ASSERT_EQ(late.size(), 1u);
+  EXPECT_EQ(late[0].q.id, 1u) << "0.11 s of prefill no longer ends within 3 s of its arrival";
 }
 
 TEST(admission_control, each_degradation_level_applies_and_is_reported) {

@@ -18,13 +18,14 @@ class stepper {
       : limits_(limits), core_(limits), blocks_({.n_blocks = n_blocks, .block_size = limits.block_size,
                                                   .prefix_caching = false, .watermark_blocks = 0}) {}
 
-  // Deadlines (ms) make it arrive now, on the stepper's clock; without them it arrives in id order.
+  // Deadlines (ms) make it arrive now (or `arrived_ms_ago`), on the stepper's clock; without
+  // them it arrives in id order.
   void add(seq_id id, int32_t priority, int32_t prompt_tokens, int32_t max_tokens, int64_t ttft_ms = 0,
-           int64_t tpot_ms = 0) {
+           int64_t tpot_ms = 0, int64_t arrived_ms_ago = 0) {
     sequence_spec s;
     s.id = id;
     s.priority = priority;
-    s.arrival = ttft_ms > 0 ? static_cast<uint64_t>(now_) : id;
+    s.arrival = ttft_ms > 0 ? static_cast<uint64_t>(now_ - arrived_ms_ago * 1'000'000) : id;
     s.ttft_target_ns = ttft_ms * 1'000'000;
     s.tpot_target_ns = tpot_ms * 1'000'000;
     s.prompt.resize(static_cast<size_t>(prompt_tokens));
@@ -54,6 +55,7 @@ class stepper {
   }
 
   const std::vector<seq_id>& finished() const { return finished_; }
+  batch_scheduler& core() { return core_; }
   const std::vector<int64_t>& token_times(seq_id id) { return token_times_[id]; }
   int64_t now() const { return now_; }
 
@@ -144,18 +146,22 @@ TEST(batch_scheduler, within_a_tier_prefill_goes_by_earliest_deadline_and_severa
 
 TEST(batch_scheduler, a_burst_feasible_one_by_one_but_not_together_keeps_the_most_on_time) {
   // Four prompts of one tier at once, each due in 500 ms: ~0.35 s of prefill for the first,
-  // ~0.1 s for each of the others; together more than the deadline allows. In deadline order
-  // (the first came first) the long one makes the short ones late; with the longest last, the
-  // short ones are on time.
+  // ~0.1 s for each of the others; together more than the deadline allows. A stream of the
+  // tier decodes at its TPOT meanwhile, so no step can stretch. In deadline order (the first
+  // came first) the long one makes the short ones late; with the longest last, the short ones
+  // are on time.
   std::map<bool, int> on_time;
   for (const bool most_on_time : {false, true}) {
     stepper s({.max_step_tokens = 4096, .max_step_seqs = 32, .most_on_time = most_on_time});
+    s.add(9, 2, 10, 1000, 500, 50);
+    s.run(fifty_ms_steps());
+    const int64_t start = s.now();
     s.add(1, 2, 3500, 4, 500);
     for (seq_id id : {2, 3, 4}) s.add(id, 2, 1000, 4, 500);
     for (int i = 0; i < 40; ++i) s.run(fifty_ms_steps());
     for (seq_id id : {1, 2, 3, 4}) {
       ASSERT_FALSE(s.token_times(id).empty()) << id;
-      on_time[most_on_time] += s.token_times(id)[0] - 1'000'000'000 <= 500'000'000;
+      on_time[most_on_time] += s.token_times(id)[0] - start <= 500'000'000;
     }
     if (most_on_time) EXPECT_GT(s.token_times(1)[0], s.token_times(4)[0]) << "the longest went last";
   }
@@ -278,6 +284,89 @@ TEST(batch_scheduler, a_stream_far_ahead_of_its_deadline_never_pauses_longer_tha
   for (size_t k = before; k < t.size(); ++k) {
     EXPECT_LE(t[k] - t[k - 1], 600'000'000 + 50'000'000) << "token " << k;
   }
+}
+
+TEST(batch_scheduler, a_prompt_further_back_in_line_that_would_miss_its_deadline_stretches_the_step) {
+  // Request 1 (400 tokens, due in 300 ms) is first in line and makes its deadline at the
+  // budget's pace (~445 tokens a step); request 2 (4200 tokens, due in 500 ms) comes after it
+  // and would not: 11 steps, 550 ms. A decode far ahead of its deadline leaves the slack, so
+  // the step stretches for request 2 although request 1, first in line, would not need it.
+  stepper s({.max_step_tokens = 8192, .max_step_seqs = 32});
+  s.add(9, 2, 10, 1000, 10'000, 10'000);
+  s.run(fifty_ms_steps());
+  s.add(1, 2, 400, 4, 300);
+  s.add(2, 2, 4200, 4, 500);
+  const auto step = s.run(fifty_ms_steps());
+  EXPECT_EQ(step.count(1) ? step.at(1) : 0, 400);
+  EXPECT_GT((step.count(1) ? step.at(1) : 0) + (step.count(2) ? step.at(2) : 0), 900)
+      << "the step kept the budget's pace though request 2 would miss at it";
+  // Without request 2, request 1 alone gets the budget's pace.
+  stepper alone({.max_step_tokens = 8192, .max_step_seqs = 32});
+  alone.add(9, 2, 10, 1000, 10'000, 10'000);
+  alone.run(fifty_ms_steps());
+  alone.add(1, 2, 4000, 4, 2000);
+  EXPECT_LE(alone.run(fifty_ms_steps()).at(1), 450);
+}
+
+TEST(batch_scheduler, a_prompt_of_a_tier_never_shed_that_missed_its_target_goes_by_its_late_line) {
+  // All of one tier that is never refused after admission (no start_by), 300 tokens each
+  // (~30 ms; a step takes ~445): request 1 arrived 600 ms ago (due at 500, late at 1000 ms,
+  // twice its target), request 2 arrives now (due in 500 ms), request 3 arrived 1100 ms ago
+  // (past its late line too). The step's prefill goes to 1 first (its late line is before 2's
+  // deadline), then 2, and 3 last (it is late whatever happens now).
+  stepper s({.max_step_tokens = 500, .max_step_seqs = 32});
+  s.add(1, 2, 300, 4, 500, 0, 600);
+  s.add(2, 2, 300, 4, 500);
+  s.add(3, 2, 300, 4, 500, 0, 1100);
+  const auto step = s.run(fifty_ms_steps());
+  EXPECT_EQ(step.count(1) ? step.at(1) : 0, 300) << "the one still able to make its late line went first";
+  EXPECT_EQ(step.count(2) ? step.at(2) : 0, 200) << "the fresh one next";
+  EXPECT_EQ(step.count(3), 0u) << "the one past its late line went last";
+}
+
+TEST(batch_scheduler, an_unstarted_request_is_taken_out_once_its_prefill_can_no_longer_end_by_its_start_bound) {
+  // 10 tokens a millisecond: 4000 tokens take ~0.4 s on an idle engine, 100 take ~15 ms. Both
+  // may start for 50 ms more: the long one cannot end its prefill by then, the short one can.
+  batch_scheduler core({.max_step_tokens = 4096, .max_step_seqs = 32});
+  const int64_t now = 10'000'000'000;
+  for (const auto& [id, tokens] : {std::pair<seq_id, int32_t>{1, 4000}, {2, 100}}) {
+    sequence_spec spec;
+    spec.id = id;
+    spec.arrival = static_cast<uint64_t>(now - 450'000'000);
+    spec.ttft_target_ns = 250'000'000;
+    spec.start_by = now + 50'000'000;
+    spec.prompt.assign(static_cast<size_t>(tokens), 5);
+    core.add(std::move(spec));
+  }
+  EXPECT_EQ(core.take_late(now, fifty_ms_steps()), std::vector<seq_id>{1});
+  EXPECT_TRUE(core.knows(2));
+  EXPECT_TRUE(core.take_late(now, fifty_ms_steps()).empty());
+  EXPECT_EQ(core.take_late(now + 60'000'000, fifty_ms_steps()), std::vector<seq_id>{2}) << "past its start bound";
+}
+
+TEST(batch_scheduler, counts_give_each_priority_its_decodes_and_its_prompt_work_due_before_and_after_a_newcomer) {
+  stepper s({.max_step_tokens = 4096, .max_step_seqs = 32});
+  s.add(1, 2, 100, 1000, 500, 50);
+  s.add(2, 1, 200, 1000, 5000, 200);
+  s.run(fifty_ms_steps());  // both prefilled, now decoding
+  s.add(3, 2, 300, 4, 500);      // feasible: ~35 ms of prefill in 500 ms
+  s.add(4, 2, 9000, 4, 500);     // infeasible: ~0.9 s alone, prefilled after the others
+  const sequence_counts c = s.core().counts(fifty_ms_steps());
+  ASSERT_EQ(c.tiers.size(), 2u);
+  const tier_load& premium = c.tiers[0];
+  EXPECT_EQ(premium.priority, 2);
+  EXPECT_EQ(premium.decodes, 1);
+  EXPECT_EQ(premium.context, 100.0);
+  EXPECT_EQ(premium.waiting, 2);
+  EXPECT_EQ(premium.running, 1);
+  EXPECT_EQ(premium.prompt_tokens, 300);
+  EXPECT_EQ(premium.later_tokens, 9000);
+  EXPECT_DOUBLE_EQ(premium.tpot_seconds, 0.050);
+  EXPECT_EQ(c.tiers[1].priority, 1);
+  EXPECT_EQ(c.tiers[1].decodes, 1);
+  EXPECT_EQ(c.tiers[1].prompt_tokens + c.tiers[1].later_tokens, 0);
+  // Without a model of the step, nothing is infeasible.
+  EXPECT_EQ(s.core().counts().tiers[0].prompt_tokens, 9300);
 }
 
 }  // namespace

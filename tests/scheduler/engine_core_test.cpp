@@ -324,19 +324,23 @@ TEST(engine_core, credits_give_the_waiting_room_and_the_load_admission_predicts_
   const engine_credits c = e.core().credits();
   EXPECT_EQ(c.max_waiting, 4);
   EXPECT_EQ(c.received_by_priority.at(0), 3);
-  EXPECT_EQ(c.load.running + c.load.waiting, 3);
-  ASSERT_EQ(c.load.waiting_by_priority.size(), 1u);
-  EXPECT_EQ(c.load.waiting_by_priority[0].requests, c.load.waiting);
+  EXPECT_EQ(c.load.running() + c.load.waiting(), 3);
+  ASSERT_EQ(c.load.tiers.size(), 1u);
+  EXPECT_EQ(c.load.tiers[0].waiting, 2);
+  EXPECT_EQ(c.load.tiers[0].running, 1);
+  EXPECT_EQ(c.load.tiers[0].decodes, 1) << "the one that ran prefilled its prompt";
+  EXPECT_EQ(c.load.tiers[0].prompt_tokens, 2 * 10) << "the waiting prompts";
   EXPECT_EQ(c.load.max_step_seqs, 1);
   EXPECT_EQ(c.load.step_observations, 8 + 1);  // the prior's weight, then the step that ran
-  EXPECT_EQ(c.load.max_step_tokens, o.limits.max_step_tokens);  // no time target: the token limit
+  EXPECT_EQ(c.load.max_step_tokens, o.limits.max_step_tokens);
+  EXPECT_EQ(c.load.step_seconds, 0.0) << "no time target: only the token limit";
 }
 
 TEST(credit_ledger, a_higher_priority_has_credit_while_a_lower_one_is_out_of_it) {
   credit_ledger room;
   engine_credits c;
   c.max_waiting = 2;
-  c.load.waiting_by_priority = {{0, 2, 100}};
+  c.load.tiers = {tier_load{0, 2, 0, 0, 0, 0, 100, 0}};
   room.update(c);
   EXPECT_FALSE(room.has_credit(0));
   EXPECT_TRUE(room.has_credit(1));  // the lower tier's waiting requests do not count against it

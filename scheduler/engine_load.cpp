@@ -1,0 +1,72 @@
+#include "scheduler/engine_load.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "scheduler/batch_scheduler.hpp"
+
+namespace tireless {
+
+int32_t engine_load::running() const {
+  int32_t n = 0;
+  for (const tier_load& t : tiers) n += t.running;
+  return n;
+}
+
+int32_t engine_load::waiting() const {
+  int32_t n = 0;
+  for (const tier_load& t : tiers) n += t.waiting;
+  return n;
+}
+
+first_token_forecast forecast_first_token(const engine_load& l, const work_ahead& w) {
+  if (!l.measured()) return {};
+  const auto& k = l.step_model;
+  const double c0 = std::max(k[0], 0.0), per_prefill = std::max(k[1], 1e-9), per_decode = std::max(k[2], 0.0),
+               per_position = std::max(k[3], 0.0) / 1000.0;
+  // The decodes that run in every step (this tier's and above, or all of them when steps have
+  // no time budget) and the share of the time the lower tiers' decodes need at their TPOT.
+  double decodes = 0, context = 0, lower_share = 0, all_decodes = 0, all_context = 0;
+  int32_t running_here = 0;
+  for (const tier_load& t : l.tiers) {
+    all_decodes += t.decodes;
+    all_context += t.context;
+    if (t.priority >= w.priority || l.step_seconds <= 0 || !w.lower_tiers_yield) {
+      decodes += t.decodes;
+      context += t.context;
+      running_here += t.running;
+    } else if (t.tpot_seconds > 0) {
+      lower_share += (per_decode * t.decodes + per_position * t.context) / t.tpot_seconds;
+    }
+  }
+  // Those ahead join the decodes as they start: half of them, on average over the wait.
+  const double max_seqs = std::max(l.max_step_seqs, 1);
+  const double joining = std::clamp(w.requests / 2.0, 0.0, std::max(0.0, max_seqs - decodes));
+  context += joining * (all_decodes > 0 ? all_context / all_decodes : 0.0);
+  decodes += joining;
+  const double decode_seconds = per_decode * decodes + per_position * context;
+  // Prompt tokens a step takes, and its seconds.
+  const double most = std::max(static_cast<double>(min_step_prefill_tokens), l.max_step_tokens - decodes);
+  double per_step = 0, step = 0;
+  if (l.step_seconds > 0) {
+    lower_share = std::min(lower_share, 0.9);
+    const double budget = l.step_seconds * (1 - lower_share);
+    per_step = std::clamp((budget - c0 - decode_seconds) / per_prefill, static_cast<double>(min_step_prefill_tokens), most);
+    step = std::max(l.step_seconds, (c0 + decode_seconds + per_step * per_prefill) / (1 - lower_share));
+  } else {
+    per_step = std::max(1.0, l.max_step_tokens - decodes);
+    step = c0 + decode_seconds + per_step * per_prefill;
+  }
+  // Full steps, then one with what is left (a short remainder does not cost a whole step).
+  const double full = std::floor(w.prompt_tokens / per_step);
+  const double rest = w.prompt_tokens - full * per_step;
+  first_token_forecast f;
+  f.seconds = full * step + (rest > 0 ? (c0 + decode_seconds + rest * per_prefill) / (1 - lower_share) : 0.0);
+  f.seconds_per_token = step / per_step;
+  // No room in the batch: it also waits for requests to finish.
+  const double excess = (w.lower_tiers_yield ? running_here : l.running()) + w.requests + 1.0 - max_seqs;
+  if (excess > 0 && l.finished_per_second > 0) f.seconds += excess / l.finished_per_second;
+  return f;
+}
+
+}  // namespace tireless
