@@ -12,7 +12,13 @@ std::array<double, step_time_model::n> step_time_model::features(const step_shap
   return {1.0, s.prefill_tokens, s.decode_seqs, s.decode_context / 1000.0};
 }
 
-void step_time_model::observe(const step_shape_counts& shape, double seconds) {
+bool step_time_model::observe(const step_shape_counts& shape, double seconds) {
+  const bool stall = observations_ >= 8 && seconds > stall_ratio * predict(shape);
+  if (stall && !last_was_stall_) {
+    last_was_stall_ = true;
+    return false;
+  }
+  last_was_stall_ = stall;
   const auto x = features(shape);
   std::array<double, n> px{};
   for (int i = 0; i < n; ++i)
@@ -25,6 +31,7 @@ void step_time_model::observe(const step_shape_counts& shape, double seconds) {
   for (int i = 0; i < n; ++i)
     for (int j = 0; j < n; ++j) p_[i][j] = (p_[i][j] - px[i] * px[j] / denom) / lambda_;
   ++observations_;
+  return true;
 }
 
 double step_time_model::predict(const step_shape_counts& shape) const {

@@ -22,7 +22,12 @@ class step_time_model {
   static constexpr int n = 4;
   explicit step_time_model(double forgetting = 0.995);
 
-  void observe(const step_shape_counts& shape, double seconds);
+  // Fits the step; returns false when it was taken for a stall and left out: a step that took
+  // more than stall_ratio times its prediction right after one that did not (a shard's failure
+  // and re-run, a paused host) says nothing of what the machine's steps cost, and one such step
+  // would skew the fit for hundreds; two in a row are fitted (the machine changed).
+  bool observe(const step_shape_counts& shape, double seconds);
+  static constexpr double stall_ratio = 4.0;
   // The predicted duration of a step of this shape, never below a tenth of a millisecond;
   // 0 while nothing was observed.
   double predict(const step_shape_counts& shape) const;
@@ -38,6 +43,7 @@ class step_time_model {
   std::array<double, n> theta_{};
   std::array<std::array<double, n>, n> p_{};
   int64_t observations_ = 0;
+  bool last_was_stall_ = false;
 };
 
 // The model's recent error: actual / predicted duration over the last `window` steps. The

@@ -161,8 +161,12 @@ void measure_windows(const run_result& run, run_metrics& m) {
   }
 }
 
-// After the load drops to the capacity: the first moment from which every window of
-// recovery_step_s has every tier at >= 99% among feasible requests.
+// After the load drops below the capacity: the first moment from which recovery_windows
+// windows of recovery_step_s in a row have every tier at >= 99% among feasible requests (back,
+// and staying back; a single miss minutes later, a burst of the quiet load's own, is not the
+// spike's). Not at the capacity itself: a load of exactly the capacity keeps a queue on the
+// edge, where a mix's lower tiers are below 99% however long it lasts; there is nothing to
+// recover to.
 void measure_recovery(const run_result& run, const scenario& s, run_metrics& m) {
   if (s.profile.points.empty()) return;
   double peak_at = 0, peak = -1;
@@ -175,23 +179,28 @@ void measure_recovery(const run_result& run, const scenario& s, run_metrics& m) 
   if (run.multiple * peak <= 1.0) return;  // never over the capacity
   double drop = -1;
   for (double t = peak_at; t < run.measure_to_s; t += 1.0) {
-    if (run.multiple * s.profile.at(t) <= 1.0) {
+    if (run.multiple * s.profile.at(t) < 1.0) {
       drop = t;
       break;
     }
   }
   if (drop < run.measure_from_s) return;  // no drop inside the measured part
   m.drop_s = drop;
-  double last_bad_end = -1;
+  double back_since = drop;
+  int good = 0;
   for (double from = drop; from + 1e-9 < run.measure_to_s; from += run_metrics::recovery_step_s) {
     const double to = std::min(from + run_metrics::recovery_step_s, run.measure_to_s);
     const window_metrics w = count_window(run, m, from, to);
-    for (const auto& c : w.tiers) {
-      if (c.feasible > 0 && ratio(c.feasible_met, c.feasible) < 0.99) last_bad_end = to;
+    bool ok = true;
+    for (const auto& c : w.tiers) ok &= c.feasible == 0 || ratio(c.feasible_met, c.feasible) >= 0.99;
+    if (!ok) {
+      good = 0;
+      back_since = to;
+    } else if (++good == run_metrics::recovery_windows || to >= run.measure_to_s - 1e-9) {
+      m.recovery_s = back_since - drop;
+      return;
     }
   }
-  if (last_bad_end < 0) m.recovery_s = 0;
-  else if (last_bad_end < run.measure_to_s - 1e-9) m.recovery_s = last_bad_end - drop;
 }
 
 void finish(tier_metrics& m, samples& x, double window_s) {
@@ -643,11 +652,12 @@ std::string run_table(const run_result& run, const run_metrics& m, const scenari
   }
   if (m.drop_s >= 0) {
     out += std::isnan(m.recovery_s)
-               ? fmt::format("  recovery: the load drops to the capacity at {:.0f} s; some tier stays below 99% to the end\n",
-                             m.drop_s)
-               : fmt::format("  recovery: the load drops to the capacity at {:.0f} s; every tier is at >= 99% (feasible, "
-                             "{:g}-s windows) {:.0f} s later\n",
-                             m.drop_s, run_metrics::recovery_step_s, m.recovery_s);
+               ? fmt::format("  recovery: the load drops below the capacity at {:.0f} s; the tiers are not all at >= 99% "
+                             "for {:g} s in a row before the end\n",
+                             m.drop_s, run_metrics::recovery_windows * run_metrics::recovery_step_s)
+               : fmt::format("  recovery: the load drops below the capacity at {:.0f} s; every tier is back at >= 99% "
+                             "(feasible, {} {:g}-s windows in a row) {:.0f} s later\n",
+                             m.drop_s, run_metrics::recovery_windows, run_metrics::recovery_step_s, m.recovery_s);
   }
   return out;
 }

@@ -64,11 +64,13 @@ struct run_metrics {
   int64_t requests = 0, lost = 0, silently_shortened = 0;  // over every request of the run, warm-up too
   double window_s = 60;
   std::vector<window_metrics> windows;
-  // A load that drops (arrivals.profile) from above the capacity to at most it at drop_s:
-  // recovery_s after it, every tier's SLO among feasible requests is >= 99% in every window
-  // of recovery_step_s up to the run's end (NaN: never within the run). drop_s < 0: no drop.
+  // A load that drops (arrivals.profile) from above the capacity to below it at drop_s:
+  // recovery_s after it, every tier's SLO among feasible requests is >= 99% in each of
+  // recovery_windows windows of recovery_step_s in a row (or up to the run's end; NaN: never
+  // within the run). drop_s < 0: no drop.
   double drop_s = -1, recovery_s = std::numeric_limits<double>::quiet_NaN();
   static constexpr double recovery_step_s = 10;
+  static constexpr int recovery_windows = 3;
   // The top tier's own load in its busiest window, as a share of the capacity in tokens (the
   // capacity's requests/s times the run's mean prompt + max_tokens a request): above 1, its
   // own traffic exceeds the capacity there and its window bar does not apply.

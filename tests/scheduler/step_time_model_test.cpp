@@ -18,6 +18,36 @@ TEST(step_time_model, fits_a_linear_machine) {
   EXPECT_NEAR(m.predict({256, 32, 50000}), 0.004 + 0.0256 + 0.016 + 0.1, 1e-6);
 }
 
+TEST(step_time_model, a_lone_stall_is_left_out_of_the_fit_and_a_lasting_change_is_not) {
+  step_time_model m;
+  std::mt19937 rng(5);
+  auto shape = [&] {
+    return step_shape_counts{static_cast<double>(rng() % 512), static_cast<double>(rng() % 64), 0};
+  };
+  auto cost = [](const step_shape_counts& s) { return 0.004 + 0.0001 * s.prefill_tokens + 0.0005 * s.decode_seqs; };
+  for (int i = 0; i < 400; ++i) {
+    const auto s = shape();
+    m.observe(s, cost(s));
+  }
+  // One 5-second step (a stall): not fitted, the predictions stay.
+  EXPECT_FALSE(m.observe({100, 10, 0}, 5.0));
+  for (int i = 0; i < 20; ++i) {
+    const auto s = shape();
+    EXPECT_TRUE(m.observe(s, cost(s)));
+  }
+  EXPECT_NEAR(m.predict({256, 32, 0}), cost({256, 32, 0}), 1e-6);
+  // A machine five times slower from now on: its first slow step looks like a stall, the
+  // second and those after are fitted.
+  std::vector<bool> taken;
+  for (int i = 0; i < 1500; ++i) {
+    const auto s = shape();
+    taken.push_back(m.observe(s, 5 * cost(s)));
+  }
+  EXPECT_FALSE(taken[0]);
+  EXPECT_TRUE(taken[1]) << "the step after a stall-like one is fitted when it is slow too";
+  EXPECT_NEAR(m.predict({256, 32, 0}), 5 * cost({256, 32, 0}), 0.05 * 5 * cost({256, 32, 0}));
+}
+
 TEST(step_residuals, report_one_until_enough_steps_then_the_quantile_of_the_error) {
   step_residuals r(100, 10);
   for (int i = 0; i < 9; ++i) r.add(0.1, 0.2);
