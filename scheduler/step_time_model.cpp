@@ -13,7 +13,8 @@ std::array<double, step_time_model::n> step_time_model::features(const step_shap
 }
 
 bool step_time_model::observe(const step_shape_counts& shape, double seconds) {
-  const bool stall = observations_ >= 8 && seconds > stall_ratio * predict(shape);
+  // Only a fit of measured steps tells a stall (a prior is a rough guess).
+  const bool stall = measured_ >= 32 && seconds > stall_ratio * predict(shape);
   if (stall && !last_was_stall_) {
     last_was_stall_ = true;
     return false;
@@ -31,6 +32,7 @@ bool step_time_model::observe(const step_shape_counts& shape, double seconds) {
   for (int i = 0; i < n; ++i)
     for (int j = 0; j < n; ++j) p_[i][j] = (p_[i][j] - px[i] * px[j] / denom) / lambda_;
   ++observations_;
+  ++measured_;
   return true;
 }
 

@@ -43,6 +43,7 @@ class step_time_model {
   std::array<double, n> theta_{};
   std::array<std::array<double, n>, n> p_{};
   int64_t observations_ = 0;
+  int64_t measured_ = 0;  // steps fitted (observations_ also counts a seed's weight)
   bool last_was_stall_ = false;
 };
 
