@@ -55,6 +55,7 @@ owned<proto::Credits> to_wire(const engine_credits& c) {
     w.setTpotSeconds(t.tpot_seconds);
     w.setPromptTokens(t.prompt_tokens);
     w.setLaterTokens(t.later_tokens);
+    w.setCachedShare(t.cached_share);
   }
   auto received = b.initReceivedByPriority(static_cast<unsigned>(c.received_by_priority.size()));
   unsigned i = 0;
@@ -68,6 +69,7 @@ owned<proto::Credits> to_wire(const engine_credits& c) {
   b.setMaxStepSeqs(l.max_step_seqs);
   b.setStepSeconds(l.step_seconds);
   b.setFinishedPerSecond(l.finished_per_second);
+  b.setStepResidual(l.step_residual);
   return m;
 }
 
@@ -77,7 +79,7 @@ engine_credits from_wire(proto::Credits::Reader r) {
   c.max_waiting = r.getMaxWaiting();
   for (auto w : r.getTiers()) {
     l.tiers.push_back({w.getPriority(), w.getWaiting(), w.getRunning(), w.getDecodes(), w.getContext(), w.getTpotSeconds(),
-                       w.getPromptTokens(), w.getLaterTokens()});
+                       w.getPromptTokens(), w.getLaterTokens(), w.getCachedShare()});
   }
   for (auto x : r.getReceivedByPriority()) c.received_by_priority[x.getPriority()] = x.getCount();
   const auto model = r.getStepModel();
@@ -87,6 +89,7 @@ engine_credits from_wire(proto::Credits::Reader r) {
   l.max_step_seqs = r.getMaxStepSeqs();
   l.step_seconds = r.getStepSeconds();
   l.finished_per_second = r.getFinishedPerSecond();
+  l.step_residual = r.getStepResidual();
   return c;
 }
 

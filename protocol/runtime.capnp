@@ -49,6 +49,7 @@ struct Credits {
   maxStepSeqs @6 :Int32;
   stepSeconds @7 :Float64;        # a step's time budget now (0: only maxStepTokens limits it)
   finishedPerSecond @8 :Float64;  # requests the engine completes per second (moving average)
+  stepResidual @9 :Float64;       # median actual / predicted step time lately
 }
 
 # One priority's share of the engine (scheduler/engine_load.hpp, tier_load).
@@ -61,6 +62,7 @@ struct TierLoad {
   tpotSeconds @5 :Float64;
   promptTokens @6 :Int64;    # not yet computed, due before a newcomer of the tier
   laterTokens @7 :Int64;     # not yet computed, due after it
+  cachedShare @8 :Float64;   # of its prompts' tokens found in the prefix cache lately
 }
 
 struct PriorityCount {

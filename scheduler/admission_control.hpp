@@ -154,6 +154,10 @@ class admission_control {
     double arriving_tokens_per_s = 0;
     int64_t arrived_ns = 0;
     double arriving_at(int64_t now_ns) const;
+    // Prompt tokens offered per second (admitted or not), likewise: the tier's own load.
+    double offered_tokens_per_s = 0;
+    int64_t offered_ns = 0;
+    double offered_at(int64_t now_ns) const;
   };
   struct holding {
     queued_request q;
@@ -163,6 +167,11 @@ class admission_control {
   };
 
   admission_decision decide(const arrival& a, bool promise = true);
+  // The share of a new prompt of this engine priority the prefix cache is not expected to hold.
+  double uncached_share(int32_t engine_priority) const;
+  // predicted_ttft() with the pace of a prompt token at that priority.
+  first_token_forecast forecast(const std::string& tier, int32_t prompt_tokens, double extra_tokens,
+                                bool own_work_only) const;
   std::optional<admission_decision> check_quotas(tenant_state& t, const arrival& a, int32_t max_tokens);
   // The wait until `a` would be predicted within target_seconds, and the reservation for its
   // return (its token in *token).

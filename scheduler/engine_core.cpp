@@ -162,6 +162,7 @@ engine_core::granted_step engine_core::granted(const kv_reply& reply, int64_t no
 void engine_core::observe_step(double seconds) {
   if (step_model_.observations() >= 8) residuals_.add(step_model_.predict(shape_), seconds);
   residual_p95_ = residuals_.quantile(0.95);
+  residual_p50_ = residuals_.quantile(0.5);
   step_model_.observe(shape_, seconds);
   ++steps_;
   prefill_tokens_ += static_cast<int64_t>(shape_.prefill_tokens);
@@ -205,7 +206,12 @@ void engine_core::deliver(std::vector<scheduler_event> events, int64_t now) {
       d.seq = e.seq;
       d.tokens = std::move(e.tokens);
       d.logprobs = std::move(e.logprobs);
-      if (info.first_token_ns < 0) d.first_token_ns = info.first_token_ns = now;
+      if (info.first_token_ns < 0) {
+        d.first_token_ns = info.first_token_ns = now;
+        // The share of its tier's prompts the prefix cache held, lately.
+        double& share = cached_share_[info.priority];
+        share += cached_share_weight * (static_cast<double>(core_.cached_tokens(e.seq)) / std::max(info.prompt_tokens, 1) - share);
+      }
       deliveries_.push_back(std::move(d));
     } else if (e.what == scheduler_event::kind::finished) {
       outcome o;
@@ -248,7 +254,11 @@ engine_credits engine_core::credits() const {
   l.max_step_tokens = o_.limits.max_step_tokens;
   l.max_step_seqs = o_.limits.max_step_seqs;
   l.step_seconds = b.seconds;
+  l.step_residual = residual_p50_;
   l.tiers = core_.counts(b).tiers;
+  for (tier_load& t : l.tiers) {
+    if (auto it = cached_share_.find(t.priority); it != cached_share_.end()) t.cached_share = it->second;
+  }
   l.finished_per_second = finished_per_second_;
   return out;
 }

@@ -146,7 +146,11 @@ class engine_core {
   std::map<int32_t, int64_t> received_by_priority_;
   step_time_model step_model_;
   step_residuals residuals_;  // of step_model_'s predictions
-  double residual_p95_ = 1.0;
+  double residual_p95_ = 1.0, residual_p50_ = 1.0;
+  // By priority: the share of prompt tokens its requests found in the prefix cache, a moving
+  // average over their first tokens (cached_share_weight each).
+  std::map<int32_t, double> cached_share_;
+  static constexpr double cached_share_weight = 1.0 / 32;
   double finished_per_second_ = 0;
   bool finish_rate_seeded_ = false;
   std::string backend_problem_;

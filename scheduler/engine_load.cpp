@@ -60,9 +60,11 @@ first_token_forecast forecast_first_token(const engine_load& l, const work_ahead
   // Full steps, then one with what is left (a short remainder does not cost a whole step).
   const double full = std::floor(w.prompt_tokens / per_step);
   const double rest = w.prompt_tokens - full * per_step;
+  // Steps take what the model says times its observed error.
+  const double actual = std::clamp(l.step_residual, 0.25, 4.0);
   first_token_forecast f;
-  f.seconds = full * step + (rest > 0 ? (c0 + decode_seconds + rest * per_prefill) / (1 - lower_share) : 0.0);
-  f.seconds_per_token = step / per_step;
+  f.seconds = actual * (full * step + (rest > 0 ? (c0 + decode_seconds + rest * per_prefill) / (1 - lower_share) : 0.0));
+  f.seconds_per_token = actual * step / per_step;
   // No room in the batch: it also waits for requests to finish.
   const double excess = (w.lower_tiers_yield ? running_here : l.running()) + w.requests + 1.0 - max_seqs;
   if (excess > 0 && l.finished_per_second > 0) f.seconds += excess / l.finished_per_second;

@@ -29,6 +29,9 @@ struct tier_load {
   // prompts whose first token is due before that of a request of the tier arriving now, and of
   // those due after it (infeasible prompts with time to spare: prefilled after it).
   int64_t prompt_tokens = 0, later_tokens = 0;
+  // The share of its prompts' tokens the prefix cache held lately (a shared system prompt, an
+  // earlier turn): a new prompt of the tier is expected to compute the rest.
+  double cached_share = 0;
 };
 
 struct engine_load {
@@ -36,6 +39,9 @@ struct engine_load {
   int64_t step_observations = 0;
   int32_t max_step_tokens = 0, max_step_seqs = 0;  // the engine's limits per step
   double step_seconds = 0;         // a step's time budget now; 0: only max_step_tokens limits it
+  // The median of actual / predicted step time lately: steps packed to the model's seconds take
+  // this many times them (1: the model is right).
+  double step_residual = 1;
   std::vector<tier_load> tiers;    // by priority, highest first; empty: not known
   double finished_per_second = 0;  // completions per second (moving average)
 

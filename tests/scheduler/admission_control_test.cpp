@@ -394,6 +394,51 @@ TEST(admission_control, a_queued_request_is_refused_once_its_prefill_can_no_long
   EXPECT_EQ(late[0].q.id, 1u) << "0.11 s of prefill no longer ends within 3 s of its arrival";
 }
 
+TEST(admission_control, a_tier_whose_prompts_the_prefix_cache_holds_is_predicted_to_compute_the_rest) {
+  const std::vector<tier_settings> tiers = {tier("gold", 2, 60s)};
+  admission_control cold(admission_policy::tireless, {}, tiers, {});
+  admission_control warm(admission_policy::tireless, {}, tiers, {});
+  engine_load l = busy_engine(0);
+  l.tiers = {waiting_at(2, 0, 0)};
+  cold.observe(l);
+  l.tiers[0].cached_share = 0.75;  // a shared system prompt: three quarters of each prompt cached
+  warm.observe(l);
+  // 10 ms + 1 ms a token: 2000 tokens are ~2.04 s cold; 500 of them ~0.51 s.
+  EXPECT_NEAR(cold.predicted_ttft("gold", 2000), 3 * 0.522 + 0.474, 1e-9);
+  EXPECT_NEAR(warm.predicted_ttft("gold", 2000), 0.510, 1e-9);
+  // Prompts waiting in the engine were counted as what is left to compute of them already.
+  l.tiers[0].prompt_tokens = 1000;
+  warm.observe(l);
+  EXPECT_NEAR(warm.predicted_ttft("gold", 2000), 2 * 0.522 + 0.486, 1e-9);
+}
+
+TEST(admission_control, a_tier_that_is_never_shed_and_alone_over_the_capacity_is_refused_once_it_would_miss_its_target) {
+  // Gold (target 1 s, start bound 2 s) offers prompts at ~1.25 times what the engine prefills
+  // (an 800-token prompt every 0.65 s against ~980 tokens a second), or at a quarter of it.
+  for (const bool over : {false, true}) {
+    const std::vector<tier_settings> tiers = {tier("gold", 2, 1000ms, false)};
+    admission_control c(admission_policy::tireless, {}, tiers, {});
+    c.observe(busy_engine(0));
+    const int64_t every = over ? 650'000'000 : 3'000'000'000;
+    int64_t t = 0;
+    for (uint64_t id = 1; id <= 100; ++id, t += every) {
+      c.arrive({id, "", "gold", 800, 10, t});
+      c.next();  // released: nothing queued here
+    }
+    // Now 500 tokens of gold wait in the engine: 1.3 s for the next, past its target, within
+    // its start bound.
+    engine_load l = busy_engine(0);
+    l.tiers = {waiting_at(2, 2, 500)};
+    c.observe(l);
+    const double own = c.predicted_ttft("gold", 800, 0, true);
+    ASSERT_GT(own, 1.0);
+    ASSERT_LT(own, 2.0);
+    const admission_decision d = c.arrive({1000, "", "gold", 800, 10, t});
+    EXPECT_EQ(d.admitted, !over) << (over ? "over its capacity: refused once it would miss its target" : d.message);
+    if (over) EXPECT_NE(d.message.find("over its capacity"), std::string::npos) << d.message;
+  }
+}
+
 TEST(admission_control, each_degradation_level_applies_and_is_reported) {
   const std::vector<degrade_step> ladder = {{0.5, degrade_action::cap_max_tokens, 64},
                                             {0.8, degrade_action::cap_prompt_tokens, 500},

@@ -352,5 +352,23 @@ TEST(credit_ledger, a_higher_priority_has_credit_while_a_lower_one_is_out_of_it)
   EXPECT_TRUE(room.has_credit(1));
 }
 
+TEST(engine_core, credits_say_how_much_of_a_tiers_prompts_the_prefix_cache_held) {
+  engine_options o = small_engine();
+  engine_loop e(o, 64, true);
+  e.same_prompts = true;  // every prompt the same 64 tokens: after the first, 3 of its 4 blocks are cached
+  for (seq_id id = 1; id <= 40; ++id) {
+    e.add(id, 64, 2);
+    while (e.step()) {
+    }
+  }
+  const engine_credits c = e.core().credits();
+  ASSERT_EQ(c.load.tiers.size(), 0u) << "nothing held: no tier reported";
+  e.add(100, 64, 2);
+  const engine_credits now = e.core().credits();
+  ASSERT_EQ(now.load.tiers.size(), 1u);
+  EXPECT_GT(now.load.tiers[0].cached_share, 0.5);
+  EXPECT_LE(now.load.tiers[0].cached_share, 1.0);
+}
+
 }  // namespace
 }  // namespace tireless

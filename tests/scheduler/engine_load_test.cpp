@@ -90,5 +90,13 @@ TEST(engine_load, running_and_waiting_sum_the_tiers) {
   EXPECT_EQ(l.waiting(), 3);
 }
 
+TEST(engine_load, steps_take_what_the_model_says_times_its_observed_error) {
+  engine_load l = h200_like();
+  const double model = forecast_first_token(l, {.priority = 2, .prompt_tokens = 2000, .lower_tiers_yield = true}).seconds;
+  l.step_residual = 0.8;  // steps packed to 50 ms take 40
+  EXPECT_NEAR(forecast_first_token(l, {.priority = 2, .prompt_tokens = 2000, .lower_tiers_yield = true}).seconds, 0.8 * model,
+              1e-12);
+}
+
 }  // namespace
 }  // namespace tireless
