@@ -111,11 +111,16 @@ void chain_run(int layers, double peak, int iters) {
   int64_t bytes = 0;
   const auto make = [&](int64_t rows, int64_t cols) {
     const cuda::matrix_layout l = cuda::layout_of(tensor_type::q4_0, rows, cols);
-    std::vector<uint8_t> host(l.bytes);
-    for (auto& v : host) v = static_cast<uint8_t>(g());
-    for (size_t i = l.d_offset; i < l.bytes; i += 2) host[i + 1] = 0x14;  // scales ~2^-10: finite sums
+    std::vector<uint64_t> words((l.bytes + 7) / 8);
+    uint64_t state = g() | 1;
+    for (uint64_t& v : words) {  // xorshift: 3.9 GB of quants in about a second
+      state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+      v = state;
+    }
+    auto* host = reinterpret_cast<uint8_t*>(words.data());
+    for (size_t i = l.d_offset; i + 1 < l.bytes; i += 2) host[i + 1] = 0x14;  // scales ~2^-10: finite sums
     weight w{cuda::device_buffer(l.bytes), {}};
-    w.mem.upload(host.data(), host.size());
+    w.mem.upload(host, l.bytes);
     w.m = cuda::view_of(l, w.mem.data());
     bytes += static_cast<int64_t>(row_bytes(tensor_type::q4_0, cols)) * rows;
     return w;

@@ -131,7 +131,7 @@ class cuda_backend final : public backend {
 
   pinned_buffer words_host_, argmax_host_, logits_host_, offsets_host_;
   std::map<int32_t, std::unique_ptr<graph>> graphs_;
-  std::set<int32_t> warmed_;
+  std::set<int32_t> warmed_, uncapturable_;
   int32_t rows_ = 0;  // of the step being run (padded)
   int32_t outs_ = 0;
   cpu::thread_pool sampling_;
@@ -256,7 +256,8 @@ void cuda_backend::allocate_workspace() {
   bytes += (ffn_rows * 2 * ff + ffn_rows * ff) * 4 + ffn_rows * ((widest + 31) / 32) * (32 + 8) + halves_bytes;
   bytes += (seqs + words) * 4;
   if (c_.is_moe()) {
-    bytes += (rows * c_.n_expert + rows * k) * 4 + (rows * k * 2 + c_.n_expert + 1) * 4 + 2 * pairs * e * 4;
+    // router logits and gates; chosen, pair_row, slot_pair and offsets; the pairs' inputs and outputs
+    bytes += (rows * c_.n_expert + rows * k) * 4 + (rows * k * 3 + c_.n_expert + 1) * 4 + 2 * pairs * e * 4;
     bytes += int64_t{c_.n_layer} * c_.n_expert * 8;
   }
   work_ = device_buffer(static_cast<size_t>(bytes));
@@ -421,23 +422,35 @@ void cuda_backend::execute(const step_batch& b, step_result& result) {
     if (!g) g = std::make_unique<graph>();
     if (g->ready()) {
       g->launch(stream_->handle());
-    } else if (!warmed_.count(bucket)) {
+    } else if (!warmed_.count(bucket) || uncapturable_.count(bucket)) {
       forward(st, splits);  // first time: run as launched (lazy initializations happen here)
       warmed_.insert(bucket);
     } else {
-      g->begin_capture(stream_->handle());
+      bool captured = false;
       try {
-        forward(st, splits);
-      } catch (...) {
+        g->begin_capture(stream_->handle());
         try {
-          g->end_capture(stream_->handle());
+          forward(st, splits);
         } catch (...) {
+          try {
+            g->end_capture(stream_->handle());
+          } catch (...) {
+          }
+          throw;
         }
+        g->end_capture(stream_->handle());
+        captured = true;
+      } catch (const std::runtime_error&) {
+        // CUDA refused the capture (a launch it cannot record): this bucket runs as launched.
+        clear_last_error();
         g.reset();
-        throw;
+        uncapturable_.insert(bucket);
       }
-      g->end_capture(stream_->handle());
-      g->launch(stream_->handle());
+      if (captured) {
+        g->launch(stream_->handle());
+      } else {
+        forward(st, splits);
+      }
     }
   } else {
     int32_t longest = 0;

@@ -52,6 +52,8 @@ device_info info_of(int device) {
 
 void synchronize() { check(cudaDeviceSynchronize(), "a CUDA kernel failed"); }
 
+void clear_last_error() { cudaGetLastError(); }
+
 namespace detail {
 
 int max_shared_per_block() {

@@ -33,6 +33,8 @@ struct device_info {
 device_info info_of(int device);
 // Waits for the current device; throws with the first error a kernel raised.
 void synchronize();
+// Forgets the last (non-sticky) CUDA error, as after a refused graph capture.
+void clear_last_error();
 
 // Device memory on the current device, freed when it goes.
 class device_buffer {
