@@ -119,7 +119,7 @@ struct live {
 // Runs one step of (sequence, tokens) chunks on both backends, every chunk sampled greedily
 // with its logits; the CPU's choice is appended to each sequence (both see the same inputs).
 void both_steps(backend& cpu, backend& gpu, std::vector<std::pair<live*, int32_t>> chunks, const std::string& what,
-                double tolerance) {
+                double tolerance, double min_margin) {
   step_batch b;
   for (auto& [s, n] : chunks) {
     sequence_step q;
@@ -140,7 +140,7 @@ void both_steps(backend& cpu, backend& gpu, std::vector<std::pair<live*, int32_t
   for (size_t i = 0; i < chunks.size(); ++i) {
     const std::span<const float> lc(rc.logits.data() + i * v, v), lg(rg.logits.data() + i * v, v);
     EXPECT_LT(nmse(lg, lc), tolerance) << what << ", sequence " << chunks[i].first->id;
-    if (margin(lc) > 1e-3) {
+    if (margin(lc) > min_margin) {
       EXPECT_EQ(rg.next[i], rc.next[i]) << what << ", sequence " << chunks[i].first->id;
     }
   }
@@ -151,9 +151,12 @@ void both_steps(backend& cpu, backend& gpu, std::vector<std::pair<live*, int32_t
   }
 }
 
+// The tiny models mix every weight type; their f16/bf16 layers' prefill products go through
+// cuBLAS with the activations rounded to fp16/bf16 (the CPU keeps f32): logits within 1e-4
+// NMSE, and greedy tokens compared where the top two are 2% of the spread apart.
 struct tiny_case {
   std::string model;
-  double tolerance;  // of the logits: float layers' prefill goes through fp16 activations
+  double tolerance, margin;
 };
 
 class cuda_backend_tiny : public ::testing::TestWithParam<tiny_case> {};
@@ -180,12 +183,12 @@ TEST_P(cuda_backend_tiny, mixed_steps_give_the_cpu_backends_logits_and_tokens) {
   live a{1, some_tokens(20, 1, nv), {3, 10, 17, 24, 31, 38}};
   live b{2, some_tokens(16, 2, nv), {5, 12, 19, 26, 33}};
   live c{3, some_tokens(5, 3, nv), {7, 14, 21, 28}};
-  const double tol = GetParam().tolerance;
-  both_steps(*cpu, *gpu, {{&a, 20}, {&b, 7}}, "prefill", tol);
-  both_steps(*cpu, *gpu, {{&a, 1}, {&b, 9}, {&c, 5}}, "a decode token, a chunk and a new prompt", tol);
-  both_steps(*cpu, *gpu, {{&b, 1}, {&c, 1}}, "decode", tol);  // b's rest was its chunk's end
+  const double tol = GetParam().tolerance, gap = GetParam().margin;
+  both_steps(*cpu, *gpu, {{&a, 20}, {&b, 7}}, "prefill", tol, gap);
+  both_steps(*cpu, *gpu, {{&a, 1}, {&b, 9}, {&c, 5}}, "a decode token, a chunk and a new prompt", tol, gap);
+  both_steps(*cpu, *gpu, {{&b, 1}, {&c, 1}}, "decode", tol, gap);  // b's rest was its chunk's end
   for (int step = 0; step < 6; ++step) {  // the same bucket again and again: graph capture and replay
-    both_steps(*cpu, *gpu, {{&a, 1}, {&b, 1}, {&c, 1}}, "decode step " + std::to_string(step), tol);
+    both_steps(*cpu, *gpu, {{&a, 1}, {&b, 1}, {&c, 1}}, "decode step " + std::to_string(step), tol, gap);
   }
   if (m->config().is_moe()) {
     EXPECT_EQ(gpu->expert_tokens(), cpu->expert_tokens());
@@ -195,8 +198,8 @@ TEST_P(cuda_backend_tiny, mixed_steps_give_the_cpu_backends_logits_and_tokens) {
 }
 
 INSTANTIATE_TEST_SUITE_P(models, cuda_backend_tiny,
-                         ::testing::Values(tiny_case{"tiny-dense", 1e-5}, tiny_case{"tiny-moe", 1e-5},
-                                           tiny_case{"tiny-dense-tied", 1e-5}),
+                         ::testing::Values(tiny_case{"tiny-dense", 1e-4, 2e-2}, tiny_case{"tiny-moe", 1e-4, 2e-2},
+                                           tiny_case{"tiny-dense-tied", 1e-4, 2e-2}),
                          [](const auto& info) {
                            std::string n = info.param.model;
                            for (char& c : n) c = c == '-' ? '_' : c;
