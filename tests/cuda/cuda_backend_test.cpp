@@ -1,7 +1,8 @@
 // The CUDA backend as a whole against the CPU backend: the same steps (prefill chunks and decode
 // tokens mixed, scattered block tables) give the same logits within the products' tolerance and
 // the same greedy tokens, replayed decode graphs give what launched steps give, copied blocks
-// carry their KV, expert counts agree; SmolLM2's greedy answers are the CPU's token for token.
+// carry their KV, expert counts agree; SmolLM2's answers (greedy, and sampled with a seed) are
+// the CPU's token for token.
 // Needs a device (GTEST_SKIP otherwise), except the refusals, which run everywhere.
 #include "gpu/cuda/cuda_backend.hpp"
 
@@ -275,7 +276,7 @@ TEST(cuda_backend, a_copied_block_carries_its_keys_and_values) {
   EXPECT_THROW(gpu->copy_blocks(bad), std::invalid_argument);
 }
 
-TEST(cuda_backend, smollm2_answers_greedily_with_the_cpu_backends_tokens) {
+TEST(cuda_backend, smollm2_answers_with_the_cpu_backends_tokens) {
   REQUIRE_DEVICE();
   auto m = load("smollm2");
   if (!m) GTEST_SKIP() << model_path("smollm2") << " is absent (scripts/fetch-model)";
@@ -289,19 +290,28 @@ TEST(cuda_backend, smollm2_answers_greedily_with_the_cpu_backends_tokens) {
     r.keep_logits = true;
     reqs.push_back(r);
   }
+  // Sampled: the CPU sampler runs on the downloaded logits, so the same seed draws the same
+  // tokens wherever the logits agree to ~1e-6.
+  generation_request sampled = reqs[1];
+  sampled.sampling.temperature = 0.7f;
+  sampled.sampling.top_k = 40;
+  sampled.sampling.top_p = 0.95f;
+  sampled.sampling.repetition_penalty = 1.1f;
+  sampled.sampling.seed = 7;
+  reqs.push_back(sampled);
   cpu::cpu_backend_options co;
   co.max_context = 512;
-  co.kv_blocks = 4 * 32;
+  co.kv_blocks = 5 * 32;
   co.max_step_seqs = 8;
   cuda_backend_options go;
   go.max_context = 512;
-  go.kv_blocks = 4 * 32;
+  go.kv_blocks = 5 * 32;
   go.max_step_seqs = 8;
   auto cpu = cpu::make_cpu_backend(m, co);
   auto gpu = make_cuda_backend(m, go);
   sequence_runner on_cpu(*cpu), on_gpu(*gpu);
   const auto want = on_cpu.run(reqs);
-  const auto got = on_gpu.run(reqs);  // all four at once: prefill chunks, then decode steps of 4
+  const auto got = on_gpu.run(reqs);  // all five at once: prefill chunks, then decode steps of 5
   const auto alone = on_gpu.run({reqs[0]});  // and the first alone: the 1-sequence graphs
   for (size_t i = 0; i < reqs.size(); ++i) {
     EXPECT_EQ(got[i].tokens, want[i].tokens) << "prompt " << i << ": " << m->tok().decode(want[i].tokens) << " | "
