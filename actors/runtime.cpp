@@ -17,6 +17,7 @@
 #include "actors/session.hpp"
 #include "config/resolved_limits.hpp"
 #include "gpu/cpu/cpu_backend.hpp"
+#include "gpu/cuda/cuda_backend.hpp"
 #include "actors/sim_config.hpp"
 #include "model/model.hpp"
 
@@ -56,20 +57,40 @@ std::unique_ptr<expert_exchange> make_expert_exchange(Impl& r, const model_confi
   return make_rpc_expert_exchange(r.lm, b.expert_shard_addresses, b.expert_call_timeout, o);
 }
 
+// "auto": the GPU where one can be used (and no CPU expert shards are configured), else the CPU.
+backend_kind chosen_kind(const backend_settings& b) {
+  if (b.kind != backend_kind::automatic) return b.kind;
+  const bool cpu_shards = b.expert_shards > 0 || !b.expert_shard_addresses.empty();
+  return !cpu_shards && cuda::cuda_available() ? backend_kind::cuda : backend_kind::cpu;
+}
+
 template <class Impl>
 std::shared_ptr<backend> make_backend(Impl& r) {
   const runtime_config& c = r.cfg;
-  if (c.backend.kind == backend_kind::sim) {
+  const backend_kind kind = chosen_kind(c.backend);
+  if (kind == backend_kind::sim) {
     return make_configured_sim(c, r.lim, false);
   }
-  if (c.backend.kind == backend_kind::cuda) {
-    throw std::runtime_error("backend.kind = \"cuda\": this build runs the cpu and sim backends only "
-                             "(no GPU here); use kind = \"cpu\"");
+  if (std::string why; kind == backend_kind::cuda && !cuda::cuda_available(&why)) {
+    throw std::runtime_error(fmt::format("backend.kind = \"cuda\": {}; use kind = \"cpu\", or \"auto\" to take a GPU "
+                                         "only where there is one",
+                                         cuda::cuda_built() ? "no usable CUDA device here (" + why + ")" : why));
   }
   r.lm = model::load(c.model.path);
   const model_config& mc = r.lm->config();
   const int64_t kv_bytes_per_token = int64_t{mc.n_layer} * mc.kv_dim() * 2 * 2;
   r.lim = resolve_limits(c, {mc.n_ctx_train, kv_bytes_per_token});
+  if (kind == backend_kind::cuda) {
+    cuda::cuda_backend_options o;
+    o.devices = c.backend.cuda_devices;
+    o.block_size = c.kv.block_size;
+    o.kv_blocks = r.lim.kv_blocks;
+    o.max_step_tokens = c.engine.max_step_tokens;
+    o.max_step_seqs = c.engine.max_step_seqs;
+    o.max_context = r.lim.max_context;
+    o.sampling_threads = c.backend.threads;
+    return std::shared_ptr<backend>(cuda::make_cuda_backend(r.lm, o));
+  }
   cpu::cpu_backend_options o;
   if (mc.is_moe() && (c.backend.expert_shards > 0 || !c.backend.expert_shard_addresses.empty())) {
     r.experts = make_expert_exchange(r, mc);

@@ -1,5 +1,8 @@
 # Optional CUDA: enabled when nvcc is found (also off PATH, at /usr/local/cuda), never required.
+# NCCL (no CMake package of its own) is looked for beside the toolkit; without it the CUDA
+# backend runs a MoE model's experts on one GPU.
 set(TIRELESS_HAVE_CUDA OFF)
+set(TIRELESS_HAVE_NCCL OFF)
 if(TIRELESS_CUDA)
   include(CheckLanguage)
   if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
@@ -14,7 +17,12 @@ if(TIRELESS_CUDA)
     find_package(CUDAToolkit)
     if(CUDAToolkit_FOUND)
       set(TIRELESS_HAVE_CUDA ON)
+      find_path(TIRELESS_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ${CUDAToolkit_LIBRARY_ROOT}/include)
+      find_library(TIRELESS_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_ROOT}/lib ${CUDAToolkit_LIBRARY_DIR})
+      if(TIRELESS_NCCL_INCLUDE_DIR AND TIRELESS_NCCL_LIBRARY)
+        set(TIRELESS_HAVE_NCCL ON)
+      endif()
     endif()
   endif()
 endif()
-message(STATUS "tireless: CUDA backend ${TIRELESS_HAVE_CUDA}")
+message(STATUS "tireless: CUDA backend ${TIRELESS_HAVE_CUDA}, NCCL ${TIRELESS_HAVE_NCCL}")

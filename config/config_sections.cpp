@@ -25,7 +25,8 @@ constexpr std::array log_levels{
     choice<log_level>{"error", log_level::error}, choice<log_level>{"off", log_level::off}};
 constexpr std::array backend_kinds{choice<backend_kind>{"cpu", backend_kind::cpu},
                                    choice<backend_kind>{"sim", backend_kind::sim},
-                                   choice<backend_kind>{"cuda", backend_kind::cuda}};
+                                   choice<backend_kind>{"cuda", backend_kind::cuda},
+                                   choice<backend_kind>{"auto", backend_kind::automatic}};
 constexpr std::array policies{choice<admission_policy>{"fcfs", admission_policy::fcfs},
                               choice<admission_policy>{"priority", admission_policy::priority},
                               choice<admission_policy>{"tireless", admission_policy::tireless},
@@ -163,6 +164,9 @@ backend_settings read_backend(table_reader& r) {
   backend_settings s;
   r.read_choice<backend_kind>("kind", s.kind, backend_kinds);
   r.read("threads", s.threads, {0, 1024, "threads; 0 = all cores"});
+  const bool devices_given = r.read("cuda_devices", s.cuda_devices, {0, 1023, "CUDA device ids"}, false);
+  if (devices_given && s.kind != backend_kind::cuda && s.kind != backend_kind::automatic)
+    r.diag().warn(r.key_path("cuda_devices"), "has no effect unless backend.kind = \"cuda\" or \"auto\"");
   const bool profile_given = r.read("sim_profile", s.sim_profile);
   r.read("max_context", s.max_context, {0, max_tokens_ever, "tokens; 0 = the model's"});
   const bool real_time_given = r.read("real_time", s.real_time);
@@ -203,6 +207,12 @@ backend_settings read_backend(table_reader& r) {
   }
   r.read("max_shard_restarts", s.max_shard_restarts, {0, 1'000'000, "restarts"});
   r.read("shard_restart_window_ms", s.shard_restart_window, {1, 86'400'000, "milliseconds"});
+  if (s.kind == backend_kind::cuda && (s.expert_shards > 0 || !s.expert_shard_addresses.empty())) {
+    r.diag().error(r.where(s.expert_shards > 0 ? "expert_shards" : "expert_shard_addresses"),
+                   r.key_path(s.expert_shards > 0 ? "expert_shards" : "expert_shard_addresses"),
+                   "applies to the cpu backend; with kind = \"cuda\" the experts run on the GPUs of "
+                   "backend.cuda_devices (NCCL between them)");
+  }
   if (s.kind == backend_kind::sim) {
     if (s.sim_profile.empty())
       r.diag().error(r.where("sim_profile"), r.key_path("sim_profile"),

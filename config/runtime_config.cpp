@@ -66,6 +66,7 @@ std::string_view to_string(backend_kind kind) {
     case backend_kind::cpu: return "cpu";
     case backend_kind::sim: return "sim";
     case backend_kind::cuda: return "cuda";
+    case backend_kind::automatic: return "auto";
   }
   return "?";
 }

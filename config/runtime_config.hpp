@@ -30,7 +30,8 @@ class config_error : public std::runtime_error {
 };
 
 enum class log_level { trace, debug, info, warn, error, off };
-enum class backend_kind { cpu, sim, cuda };
+// automatic ("auto"): cuda where a CUDA device can be used, else cpu.
+enum class backend_kind { cpu, sim, cuda, automatic };
 enum class admission_policy {
   fcfs,      // arrival order across tiers; bounded queues only
   priority,  // strict tier priority, arrival order inside a tier
@@ -82,6 +83,9 @@ struct model_settings {
 struct backend_settings {
   backend_kind kind = backend_kind::cpu;
   int32_t threads = 0;                      // CPU threads; 0 = all cores
+  // kind = "cuda" (or "auto" on a GPU): the CUDA devices, rank order; empty = [0]. Several: a
+  // mixture-of-experts model's experts spread over them (NCCL).
+  std::vector<int32_t> cuda_devices;
   std::string sim_profile = "cpu-smollm2";  // the sim backend's cost model (kind = sim)
   int32_t max_context = 0;                  // tokens per sequence; 0 = the model's
   bool real_time = true;                    // sim: steps take real time (false: a virtual clock)

@@ -321,6 +321,41 @@ bool table_reader::read(std::string_view key, std::vector<std::string>& out, boo
   return ok;
 }
 
+bool table_reader::read(std::string_view key, std::vector<int32_t>& out, int_range range, bool allow_empty_list,
+                        need n) {
+  const std::string expected = fmt::format("a {}list of distinct integers in {}..{} ({})",
+                                           allow_empty_list ? "" : "non-empty ", range.min, range.max, range.unit);
+  const toml::node* node = find(key, n, expected);
+  if (!node) return false;
+  const auto* array = node->as_array();
+  if (!array || (array->empty() && !allow_empty_list)) {
+    wrong_type(key, *node, expected);
+    return false;
+  }
+  std::vector<int32_t> values;
+  for (size_t i = 0; i < array->size(); ++i) {
+    const toml::node& item = *array->get(i);
+    const std::string item_path = fmt::format("{}[{}]", key_path(key), i);
+    const auto* v = item.as_integer();
+    if (!v) {
+      diag_.error(item.source(), item_path, fmt::format("expected an integer, got {}", shown(item)));
+      return false;
+    }
+    if (v->get() < range.min || v->get() > range.max) {
+      diag_.error(item.source(), item_path,
+                  fmt::format("{} is out of range; allowed {}..{} ({})", v->get(), range.min, range.max, range.unit));
+      return false;
+    }
+    if (std::find(values.begin(), values.end(), v->get()) != values.end()) {
+      diag_.error(item.source(), item_path, fmt::format("{} is listed twice; each may appear once", v->get()));
+      return false;
+    }
+    values.push_back(static_cast<int32_t>(v->get()));
+  }
+  out = std::move(values);
+  return true;
+}
+
 bool table_reader::read(std::string_view key, std::vector<double>& out, real_range range, need n) {
   const std::string expected =
       fmt::format("a non-empty, strictly increasing list of numbers in {}", range_text(range));

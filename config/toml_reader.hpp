@@ -110,6 +110,10 @@ class table_reader {
   // A list of non-empty strings; `allow_empty_list` false makes [] a problem.
   bool read(std::string_view key, std::vector<std::string>& out, bool allow_empty_list,
             need n = need::optional);
+  // A list of distinct integers within range (device ids); `allow_empty_list` false makes []
+  // a problem.
+  bool read(std::string_view key, std::vector<int32_t>& out, int_range range, bool allow_empty_list,
+            need n = need::optional);
   // A strictly increasing list of numbers within range.
   bool read(std::string_view key, std::vector<double>& out, real_range range,
             need n = need::optional);

@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "gpu/cpu/cpu_backend.hpp"
+#include "gpu/cuda/cuda_backend.hpp"
 #include "gpu/sequence_runner.hpp"
 #include "model/model.hpp"
 #include "model/text_stopper.hpp"
@@ -17,7 +18,7 @@
 #include "tools/default_model.hpp"
 
 int main(int argc, char** argv) {
-  CLI::App app{"Generate text with a GGUF model on the CPU, streaming tokens as they come."};
+  CLI::App app{"Generate text with a GGUF model on the CPU or a GPU, streaming tokens as they come."};
   std::string model_path = tireless::default_model_path();
   std::string prompt, chat, system;
   tireless::generation_request req;
@@ -57,6 +58,11 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--replicas", replicas, "with --rebalance-every: replicas each shard may take per layer")
       ->check(CLI::NonNegativeNumber);
+  std::string backend_kind = "cpu";
+  std::vector<int32_t> cuda_devices;
+  app.add_option("--backend", backend_kind, "cpu, cuda, or auto (cuda where a GPU can be used)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))->capture_default_str();
+  app.add_option("--cuda-device", cuda_devices, "with --backend cuda: CUDA device ids (several: a MoE's experts over them)");
   bool overlap = false;
   app.add_flag("--overlap", overlap,
                "with --expert-shard: split each step of several sequences into two micro-batches, one's attention here "
@@ -110,7 +116,22 @@ int main(int argc, char** argv) {
     }
     opt.max_step_seqs = std::max(opt.max_step_seqs, batch);
     opt.kv_blocks = batch * ((opt.max_context + opt.block_size - 1) / opt.block_size);
-    auto backend = tireless::cpu::make_cpu_backend(m, opt);
+    if (backend_kind == "auto") backend_kind = tireless::cuda::cuda_available() && !exchange ? "cuda" : "cpu";
+    std::unique_ptr<tireless::backend> backend;
+    if (backend_kind == "cuda") {
+      if (exchange) throw std::runtime_error("--expert-shard runs with the cpu backend; drop --backend cuda");
+      tireless::cuda::cuda_backend_options co;
+      co.devices = cuda_devices;
+      co.block_size = opt.block_size;
+      co.kv_blocks = opt.kv_blocks;
+      co.max_step_tokens = opt.max_step_tokens;
+      co.max_step_seqs = opt.max_step_seqs;
+      co.max_context = opt.max_context;
+      co.sampling_threads = threads;
+      backend = tireless::cuda::make_cuda_backend(m, co);
+    } else {
+      backend = tireless::cpu::make_cpu_backend(m, opt);
+    }
     tireless::text_stopper stopper(m->tok(), stop_tokens, stops);
     tireless::sequence_runner runner(*backend);
     const auto started = std::chrono::steady_clock::now();

@@ -69,7 +69,9 @@ runtime_config configure(const std::string& path, const cli_overrides& o) {
   if (!o.backend.empty()) {
     if (o.backend == "cpu") c.backend.kind = backend_kind::cpu;
     else if (o.backend == "sim") c.backend.kind = backend_kind::sim;
-    else throw std::runtime_error("--backend " + o.backend + ": use cpu or sim");
+    else if (o.backend == "cuda") c.backend.kind = backend_kind::cuda;
+    else if (o.backend == "auto") c.backend.kind = backend_kind::automatic;
+    else throw std::runtime_error("--backend " + o.backend + ": use cpu, sim, cuda or auto");
   }
   if (!o.sim_profile.empty()) c.backend.sim_profile = o.sim_profile;
   if (o.threads >= 0) c.backend.threads = o.threads;
@@ -99,7 +101,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 65535));
   app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error, off");
   app.add_option("--model", o.model, "GGUF model file (overrides model.path)");
-  app.add_option("--backend", o.backend, "cpu or sim (overrides backend.kind)");
+  app.add_option("--backend", o.backend, "cpu, sim, cuda or auto (overrides backend.kind)");
   app.add_option("--sim-profile", o.sim_profile, "sim cost model (overrides backend.sim_profile)");
   app.add_option("--threads", o.threads, "CPU threads (overrides backend.threads)");
   bool check_only = false;
@@ -141,7 +143,7 @@ int main(int argc, char** argv) {
   limits.model_name = config.model.name;
   limits.default_timeout = config.session.request_timeout;
   limits.stream_window = config.session.stream_buffer_tokens;
-  if (config.backend.kind == backend_kind::cpu) {
+  if (config.backend.kind != backend_kind::sim) {
     // The model is open inside the runtime; its facts for models() come from the file again.
     std::shared_ptr<const model> m = model::load(config.model.path);
     info.context_length = m->config().n_ctx_train;

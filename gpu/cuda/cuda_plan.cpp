@@ -19,14 +19,40 @@ std::string memory_plan::describe() const {
                      gib(total()));
 }
 
-int64_t activation_bytes(const memory_request& r) {
-  const int64_t t = r.max_step_tokens;
-  const int64_t floats = t * (2 * r.hidden + r.q_dim + 2 * r.kv_dim + r.q_dim + 2 * r.ffn) +
-                         int64_t{r.max_step_seqs} * r.vocab;
-  const int64_t table = int64_t{r.max_step_seqs} * ((r.max_context + r.block_size - 1) / r.block_size) +
-                        4 * int64_t{r.max_step_seqs} + t;
-  return floats * 4 + table * 4;
+workspace_sizes workspace_of(const memory_request& r) {
+  const int64_t rows = r.max_step_tokens;
+  const int64_t seqs = std::min<int64_t>(r.max_step_seqs, r.max_step_tokens);
+  const int64_t pairs = r.n_expert > 0 ? rows * std::max(r.n_expert_used, 1) : 0;
+  const int64_t ffn_rows = r.n_expert > 0 ? pairs : rows;
+  const int64_t widest = std::max({r.hidden, r.q_dim, r.ffn});
+  const int64_t q8_rows = std::max(rows, pairs);
+  workspace_sizes w;
+  w.x = rows * r.hidden * 4;
+  w.h = rows * r.hidden * 4;
+  w.qkv = rows * (r.q_dim + 2 * r.kv_dim) * 4;
+  w.att = rows * r.q_dim * 4;
+  w.ffn_in = ffn_rows * 2 * r.ffn * 4;
+  w.ffn_act = ffn_rows * r.ffn * 4;
+  w.q8 = q8_rows * ((widest + 31) / 32) * (32 + 4 + 4);
+  w.halves = q8_rows * widest * 2;
+  if (r.n_expert > 0) {
+    // router logits; chosen and gates; pair order, pair of each slot, offsets and tiles;
+    // expert outputs; their weighted sum.
+    w.moe = rows * r.n_expert * 4 + 2 * pairs * 4 + 4 * pairs * 4 + 4 * (int64_t{r.n_expert} + 1) * 4 +
+            pairs * r.hidden * 4 + rows * r.hidden * 4;
+  }
+  w.logits = seqs * r.vocab * 4 + seqs * 4;
+  step_shape shape;
+  shape.block_size = r.block_size;
+  shape.n_head_kv = std::max(r.n_head_kv, 1);
+  shape.group = std::max(r.n_head / shape.n_head_kv, 1);
+  w.inputs = max_step_words(r.max_step_tokens, static_cast<int32_t>(seqs), r.max_context, shape) * 4;
+  const int64_t head_dim = r.q_dim / std::max(r.n_head, 1);
+  w.attention = 3 * int64_t{r.multiprocessors} * attention_tile_rows * (head_dim + 2) * 4;
+  return w;
 }
+
+int64_t activation_bytes(const memory_request& r) { return workspace_of(r).total(); }
 
 memory_plan plan_memory(const memory_request& r) {
   if (r.device_bytes <= 0) throw std::runtime_error("the device reports no memory");
@@ -98,6 +124,124 @@ block_table_upload pack_block_tables(const step_batch& batch, int32_t block_size
     u.rows += static_cast<int32_t>(s.tokens.size());
   }
   return u;
+}
+
+namespace {
+
+int32_t align4(int32_t n) { return (n + 3) / 4 * 4; }
+
+}  // namespace
+
+int64_t max_step_words(int32_t max_step_tokens, int32_t max_step_seqs, int32_t max_context, const step_shape& shape) {
+  const int64_t rows = max_step_tokens, seqs = max_step_seqs;
+  const int64_t width = (int64_t{max_context} + shape.block_size - 1) / shape.block_size;
+  // Items: per sequence and KV head, its rows in tiles; the sum is largest with one long
+  // sequence and the rest single tokens, bounded by (rows * group / tile + seqs) per head.
+  const int64_t items = int64_t{shape.n_head_kv} * (rows * shape.group / attention_tile_rows + seqs);
+  return 4 + 3 * (rows + 3) + 3 * (seqs + 3) + 3 * items + 3 + (seqs + 3) + seqs * width + 3;
+}
+
+step_inputs pack_step(const step_batch& batch, const step_shape& shape, int32_t pad_to) {
+  const int32_t bs = shape.block_size;
+  if (bs < 1 || shape.n_head_kv < 1 || shape.group < 1) throw std::invalid_argument("pack_step: bad shape");
+  const auto n_seqs = static_cast<int32_t>(batch.seqs.size());
+  step_inputs in;
+  in.decode_only = std::all_of(batch.seqs.begin(), batch.seqs.end(), [](const sequence_step& s) { return s.tokens.size() == 1; });
+  if (pad_to > 0 && (!in.decode_only || pad_to < n_seqs)) {
+    throw std::invalid_argument(fmt::format("pack_step: a step of {} sequences{} cannot be padded to {}", n_seqs,
+                                            in.decode_only ? "" : " with prompt chunks", pad_to));
+  }
+  in.real_seqs = n_seqs;
+  for (const sequence_step& s : batch.seqs) {
+    const int64_t end = int64_t{s.start_pos} + static_cast<int64_t>(s.tokens.size());
+    const int64_t need = (end + bs - 1) / bs;
+    if (static_cast<int64_t>(s.block_table.size()) < need) {
+      throw std::invalid_argument(fmt::format("sequence {}: {} positions need {} blocks, its table has {}", s.seq_id, end,
+                                              need, s.block_table.size()));
+    }
+    in.width = std::max(in.width, static_cast<int32_t>(need));
+    in.real_rows += static_cast<int32_t>(s.tokens.size());
+  }
+  in.seqs = pad_to > 0 ? pad_to : n_seqs;
+  in.rows = pad_to > 0 ? pad_to : in.real_rows;
+  const int32_t tiles_of_token = (shape.group + attention_tile_rows - 1) / attention_tile_rows;
+  in.items = 0;
+  for (const sequence_step& s : batch.seqs) {
+    const int64_t q_rows = static_cast<int64_t>(s.tokens.size()) * shape.group;
+    in.items += shape.n_head_kv * static_cast<int32_t>((q_rows + attention_tile_rows - 1) / attention_tile_rows);
+  }
+  if (pad_to > 0) in.items = pad_to * shape.n_head_kv * tiles_of_token;
+  in.out_of_seq.assign(static_cast<size_t>(n_seqs), -1);
+  if (pad_to > 0) {
+    in.outs = pad_to;
+    for (int32_t i = 0; i < n_seqs; ++i) in.out_of_seq[i] = i;
+  } else {
+    for (int32_t i = 0; i < n_seqs; ++i) {
+      if (batch.seqs[i].sample || batch.seqs[i].want_logits) in.out_of_seq[i] = in.outs++;
+    }
+  }
+
+  int32_t at = 4;
+  const auto section = [&](int32_t n) {
+    const int32_t start = at;
+    at = align4(at + n);
+    return start;
+  };
+  in.tokens_at = section(in.rows);
+  in.pos_at = section(in.rows);
+  in.row_seq_at = section(in.rows);
+  in.seq_start_at = section(in.seqs);
+  in.seq_len_at = section(in.seqs);
+  in.seq_row_at = section(in.seqs);
+  in.items_at = section(3 * in.items);
+  in.outs_at = section(in.outs);
+  in.table_at = section(in.seqs * in.width);
+  in.words.assign(static_cast<size_t>(at), 0);
+  int32_t* w = in.words.data();
+  w[0] = in.width;
+  std::fill(w + in.row_seq_at, w + in.row_seq_at + in.rows, -1);
+  std::fill(w + in.table_at, w + in.table_at + in.seqs * in.width, -1);
+  for (int32_t i = 0; i < in.items; ++i) w[in.items_at + 3 * i] = -1;
+
+  int32_t row = 0, item = 0;
+  for (int32_t i = 0; i < n_seqs; ++i) {
+    const sequence_step& s = batch.seqs[i];
+    const auto n = static_cast<int32_t>(s.tokens.size());
+    w[in.seq_start_at + i] = s.start_pos;
+    w[in.seq_len_at + i] = n;
+    w[in.seq_row_at + i] = row;
+    for (int32_t t = 0; t < n; ++t) {
+      w[in.tokens_at + row + t] = s.tokens[t];
+      w[in.pos_at + row + t] = s.start_pos + t;
+      w[in.row_seq_at + row + t] = i;
+    }
+    const int32_t q_rows = n * shape.group;
+    for (int32_t h = 0; h < shape.n_head_kv; ++h) {
+      for (int32_t first = 0; first < q_rows; first += attention_tile_rows, ++item) {
+        w[in.items_at + 3 * item] = i;
+        w[in.items_at + 3 * item + 1] = h;
+        w[in.items_at + 3 * item + 2] = first;
+      }
+    }
+    const int64_t need = (int64_t{s.start_pos} + n + bs - 1) / bs;
+    std::copy_n(s.block_table.begin(), need, w + in.table_at + i * in.width);
+    if (pad_to == 0 && in.out_of_seq[i] >= 0) w[in.outs_at + in.out_of_seq[i]] = row + n - 1;
+    row += n;
+  }
+  // Padding sequences: no tokens, their rows (token 0 at position 0) write nothing.
+  for (int32_t i = n_seqs; i < in.seqs; ++i) w[in.seq_row_at + i] = i;
+  if (pad_to > 0) {
+    for (int32_t i = 0; i < in.outs; ++i) w[in.outs_at + i] = i;  // one row per sequence
+  }
+  return in;
+}
+
+int32_t graph_bucket_for(const step_batch& batch, std::span<const int32_t> buckets) {
+  if (batch.seqs.empty()) return -1;
+  for (const sequence_step& s : batch.seqs) {
+    if (s.tokens.size() != 1) return -1;
+  }
+  return graph_bucket(buckets, static_cast<int32_t>(batch.seqs.size()));
 }
 
 }  // namespace tireless::cuda

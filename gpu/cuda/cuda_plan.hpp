@@ -3,8 +3,8 @@
 // machine: how device memory is split (weights in their GGUF types, activation workspace for the
 // largest step, a reserve, the paged KV pool with what is left), which CUDA-graph bucket a decode
 // step of n sequences is replayed in, and how a step's block tables are laid out for one upload
-// (the same block tables the CPU backend reads). The kernels (gpu/cuda/*.cu) and the backend
-// that will use them follow these.
+// (the same block tables the CPU backend reads), with the attention work of a mixed step and
+// the rows whose logits are wanted. The backend (cuda_backend.cpp) and its kernels follow these.
 
 #include <cstdint>
 #include <span>
@@ -12,16 +12,20 @@
 #include <vector>
 
 #include "gpu/backend.hpp"
+#include "gpu/cuda/shapes.hpp"
 
 namespace tireless::cuda {
 
 struct memory_request {
-  int64_t device_bytes = 0;        // the device's total memory
+  int64_t device_bytes = 0;        // the device's memory (total, or free at start)
   int64_t weight_bytes = 0;        // every tensor in its GGUF type (dequantized in the kernels)
   int64_t kv_bytes_per_token = 0;  // all layers, keys and values, fp16
   int32_t block_size = 16;         // tokens per KV block
   int32_t max_step_tokens = 512, max_step_seqs = 64, max_context = 8192;
   int64_t hidden = 0, ffn = 0, vocab = 0, q_dim = 0, kv_dim = 0;  // the model's widths
+  int32_t n_head = 1, n_head_kv = 1;                              // attention heads
+  int32_t multiprocessors = 132;                                  // the device's (attention splits)
+  int32_t n_expert = 0, n_expert_used = 0;                        // MoE models
   double reserve_fraction = 0.06;  // CUDA context, cuBLAS workspace, graphs, fragmentation
   int32_t kv_blocks = 0;           // wanted; 0: as many as fit
 };
@@ -37,9 +41,25 @@ struct memory_plan {
 // Throws std::runtime_error saying what does not fit and by how much (and what to change).
 memory_plan plan_memory(const memory_request& r);
 
-// Bytes of the workspace of one step at the request's limits: the residual stream and its
-// normed copy, q/k/v, attention output, the FFN's gate and up, the logits of every sampled
-// sequence, and the step's block tables and positions.
+// The device buffers of one step at the request's limits (R = max_step_tokens rows, S = the
+// sequences a step may have, at most R; P = R x n_expert_used expert pairs), in bytes:
+struct workspace_sizes {
+  int64_t x = 0, h = 0;        // the residual stream and its normed copy, [R][hidden] f32
+  int64_t qkv = 0, att = 0;    // [R][q_dim + 2 kv_dim], [R][q_dim] f32
+  int64_t ffn_in = 0;          // gate and up side by side, [R or P][2 ffn] f32
+  int64_t ffn_act = 0;         // silu(gate) * up, [R or P][ffn] f32
+  int64_t q8 = 0;              // activations quantized to 8 bits for the products: [R or P] rows
+                               // of the widest input, int8 + scale + scaled sum per 32 values
+  int64_t halves = 0;          // activations in fp16/bf16 for cuBLAS (f16/bf16 weights)
+  int64_t moe = 0;             // router logits, chosen experts and gates, pair order, expert
+                               // outputs [P][hidden], their sum [R][hidden]
+  int64_t logits = 0;          // [S][vocab] f32, and the argmax of each row
+  int64_t inputs = 0;          // one step's inputs (step_inputs::words at its largest)
+  int64_t attention = 0;       // split attention's partial results (3 x multiprocessors items)
+  int64_t total() const { return x + h + qkv + att + ffn_in + ffn_act + q8 + halves + moe + logits + inputs + attention; }
+};
+workspace_sizes workspace_of(const memory_request& r);
+// workspace_of(r).total(): what plan_memory sets aside for activations.
 int64_t activation_bytes(const memory_request& r);
 
 // Decode steps are replayed from CUDA graphs captured for a few batch sizes: 1, 2, 4, 8, then
@@ -51,6 +71,7 @@ int32_t graph_bucket(std::span<const int32_t> buckets, int32_t n_seqs);
 
 // A step's block tables for one copy to the device: sequence i's physical blocks in row i of
 // `table` (width columns, padded with -1), its start position, token count and first token row.
+// (step_inputs below is what the backend uploads; this is its block-table part.)
 struct block_table_upload {
   int32_t width = 0;                 // the most logical blocks any sequence of the step needs
   std::vector<int32_t> table;        // [seqs][width]
@@ -59,5 +80,48 @@ struct block_table_upload {
 };
 // Throws std::invalid_argument when a sequence's table does not cover its positions.
 block_table_upload pack_block_tables(const step_batch& batch, int32_t block_size);
+
+// Everything a step's kernels read, in one int32 array copied up at once (`words`, each section
+// starting on a 16-byte boundary):
+//   [0]        the block tables' width (the kernels read it from the device, so that a decode
+//              graph replays for any context length)
+//   tokens     [rows]  token ids (padding rows: 0)
+//   pos        [rows]  positions (padding rows: 0)
+//   row_seq    [rows]  the sequence of each row; -1 for a padding row (writes no KV)
+//   seq_start, seq_len, seq_row  [seqs]  start position, tokens and first row of each sequence
+//   items      [items][3]  attention work: sequence (-1: none), KV head, first query row of the
+//              sequence's rows (a multiple of attention_tile_rows)
+//   outs       [outs]  the rows whose logits are computed, in sequence order
+//   table      [seqs][width]  physical KV blocks, -1 past a sequence's blocks; last, so that the
+//              other sections' offsets depend only on the padded shape
+// A decode step replayed from a CUDA graph is padded to its bucket: `seqs` = `rows` = `outs` =
+// the bucket, padding sequences having no tokens and no attention work.
+struct step_inputs {
+  int32_t rows = 0, seqs = 0, items = 0, outs = 0, width = 0;  // as launched (padded)
+  int32_t real_rows = 0, real_seqs = 0;
+  int32_t tokens_at = 0, pos_at = 0, row_seq_at = 0, seq_start_at = 0, seq_len_at = 0, seq_row_at = 0,
+          items_at = 0, outs_at = 0, table_at = 0;  // offsets in words
+  std::vector<int32_t> words;
+  std::vector<int32_t> out_of_seq;  // per real sequence: its row among outs, or -1
+  bool decode_only = false;         // every sequence brings one token
+};
+
+struct step_shape {
+  int32_t block_size = 16;
+  int32_t n_head_kv = 1, group = 1;  // KV heads; query heads per KV head
+};
+
+// Packs a step (checked by the caller: tables cover the positions) padded to `pad_to`
+// sequences (0: not padded; else a decode-only step of at most pad_to sequences). Throws
+// std::invalid_argument for a table that does not cover its sequence's positions, or a
+// padding that does not apply.
+step_inputs pack_step(const step_batch& batch, const step_shape& shape, int32_t pad_to = 0);
+
+// The most words pack_step writes for a step within these limits.
+int64_t max_step_words(int32_t max_step_tokens, int32_t max_step_seqs, int32_t max_context, const step_shape& shape);
+
+// Whether a step is replayed from a CUDA graph, and which: decode-only steps of at most the
+// largest bucket's sequences; -1 otherwise (run as launched).
+int32_t graph_bucket_for(const step_batch& batch, std::span<const int32_t> buckets);
 
 }  // namespace tireless::cuda

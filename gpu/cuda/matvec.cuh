@@ -1,16 +1,26 @@
 #pragma once
-// The matrix-vector product of decode, weights in their GGUF type (gpu/cuda/matvec.cu).
+// The products of decode: up to matvec_max_tokens tokens times a weight matrix, the weights read
+// once for all of them (gpu/cuda/matvec.cu). A warp takes two rows; its lanes take the rows'
+// 32-value blocks in turn, two blocks in flight, each block's quants one 16-byte load (q8_0:
+// two); the tokens' activations are staged in shared memory. Quantized weights meet int8
+// activations (dp4a), float weights f32 activations. Grouped (MoE): blockIdx.y is a pair, its
+// expert found in the groups' offsets.
+#include <cuda_runtime.h>
+
 #include <cstdint>
 
-#include "gpu/tensor_type.hpp"
+#include "gpu/cuda/ops.hpp"
 
 namespace tireless::cuda::detail {
 
-inline constexpr int matvec_rows_per_block = 4;  // a warp a row
+// Launches y (+)= W x for n <= matvec_max_tokens tokens (grouped: n pairs, one token each);
+// false where the tokens' activations do not fit in shared memory (the caller then takes the
+// matrix-matrix path).
+bool launch_matvec(const device_matrix& w, const float* x, int64_t ldx, const q8_rows* xq, int32_t n, float* y,
+                   int64_t ldy, bool accumulate, const int32_t* offsets, int32_t groups, int64_t rows_per_group,
+                   cudaStream_t s);
 
-// y[r] = row r · x; warp w of block b takes row b * matvec_rows_per_block + w, its lanes the
-// row's 32-column blocks in turn; x is staged in shared memory (cols floats).
-template <tensor_type T>
-__global__ void matvec_kernel(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t cols, const float* x, float* y);
+// The device's multiprocessors (cached per device).
+int multiprocessors();
 
 }  // namespace tireless::cuda::detail

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <random>
+#include <span>
 #include <stdexcept>
 #include <vector>
 
@@ -104,6 +106,137 @@ TEST(cuda_plan, block_tables_are_packed_in_rows_padded_with_minus_one) {
   const std::vector<int32_t> short_table{1};
   b.seqs[1].block_table = short_table;
   EXPECT_THROW(pack_block_tables(b, 16), std::invalid_argument);
+}
+
+sequence_step seq_step(uint64_t id, std::span<const token_id> tokens, int32_t start, std::span<const int32_t> table,
+                       bool sample = true) {
+  sequence_step s;
+  s.seq_id = id;
+  s.tokens = tokens;
+  s.start_pos = start;
+  s.block_table = table;
+  s.sample = sample;
+  return s;
+}
+
+std::vector<int32_t> section(const step_inputs& in, int32_t at, int32_t n) {
+  return std::vector<int32_t>(in.words.begin() + at, in.words.begin() + at + n);
+}
+
+// SmolLM2's attention: 3 KV heads, 3 query heads each; blocks of 16.
+step_shape smollm2_shape() {
+  step_shape s;
+  s.block_size = 16;
+  s.n_head_kv = 3;
+  s.group = 3;
+  return s;
+}
+
+TEST(cuda_plan, a_mixed_step_packs_tokens_positions_tables_and_attention_work_in_one_array) {
+  const std::vector<token_id> prompt{11, 12, 13, 14, 15, 16, 17}, one{99};
+  const std::vector<int32_t> t0{4}, t1{7, 2, 9};
+  step_batch b;
+  b.seqs.push_back(seq_step(1, prompt, 0, t0, false));  // a prefill chunk, no sample
+  b.seqs.push_back(seq_step(2, one, 35, t1));           // a decode token at position 35: block 2
+  const step_inputs in = pack_step(b, smollm2_shape());
+  EXPECT_FALSE(in.decode_only);
+  EXPECT_EQ(in.rows, 8);
+  EXPECT_EQ(in.seqs, 2);
+  EXPECT_EQ(in.width, 3);
+  EXPECT_EQ(in.words[0], 3);
+  for (int32_t at : {in.tokens_at, in.pos_at, in.row_seq_at, in.seq_start_at, in.items_at, in.outs_at, in.table_at}) {
+    EXPECT_EQ(at % 4, 0) << "sections start on 16 bytes";
+  }
+  EXPECT_EQ(section(in, in.tokens_at, 8), (std::vector<int32_t>{11, 12, 13, 14, 15, 16, 17, 99}));
+  EXPECT_EQ(section(in, in.pos_at, 8), (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 35}));
+  EXPECT_EQ(section(in, in.row_seq_at, 8), (std::vector<int32_t>{0, 0, 0, 0, 0, 0, 0, 1}));
+  EXPECT_EQ(section(in, in.seq_start_at, 2), (std::vector<int32_t>{0, 35}));
+  EXPECT_EQ(section(in, in.seq_len_at, 2), (std::vector<int32_t>{7, 1}));
+  EXPECT_EQ(section(in, in.seq_row_at, 2), (std::vector<int32_t>{0, 7}));
+  EXPECT_EQ(section(in, in.table_at, 6), (std::vector<int32_t>{4, -1, -1, 7, 2, 9}));
+  // The chunk: 7 tokens x 3 heads = 21 query rows per KV head, tiles of 16: 2 items per head;
+  // the decode token: 3 rows, one item per head.
+  ASSERT_EQ(in.items, 3 * 2 + 3);
+  EXPECT_EQ(section(in, in.items_at, 3 * in.items),
+            (std::vector<int32_t>{0, 0, 0, 0, 0, 16, 0, 1, 0, 0, 1, 16, 0, 2, 0, 0, 2, 16, 1, 0, 0, 1, 1, 0, 1, 2, 0}));
+  // Only the sampled sequence's last row gets logits.
+  EXPECT_EQ(in.outs, 1);
+  EXPECT_EQ(section(in, in.outs_at, 1), std::vector<int32_t>{7});
+  EXPECT_EQ(in.out_of_seq, (std::vector<int32_t>{-1, 0}));
+  EXPECT_LE(static_cast<int64_t>(in.words.size()), max_step_words(8, 2, 48, smollm2_shape()));
+}
+
+TEST(cuda_plan, a_decode_step_padded_to_its_bucket_keeps_its_offsets_whatever_the_context) {
+  const std::vector<token_id> a{5}, c{6};
+  const std::vector<int32_t> short_table{3}, long_table{1, 2, 3, 4, 5, 6, 7, 8};
+  step_batch small, large;
+  small.seqs.push_back(seq_step(1, a, 3, short_table));
+  small.seqs.push_back(seq_step(2, c, 4, short_table));
+  large.seqs.push_back(seq_step(1, a, 100, long_table));
+  large.seqs.push_back(seq_step(2, c, 120, long_table));
+  const step_inputs s = pack_step(small, smollm2_shape(), 4), l = pack_step(large, smollm2_shape(), 4);
+  EXPECT_TRUE(s.decode_only);
+  EXPECT_EQ(s.rows, 4);
+  EXPECT_EQ(s.seqs, 4);
+  EXPECT_EQ(s.outs, 4);
+  EXPECT_EQ(s.items, 4 * 3);
+  // A graph captured for one replays the other: every offset but the table's width agrees.
+  for (auto member : {&step_inputs::tokens_at, &step_inputs::pos_at, &step_inputs::row_seq_at, &step_inputs::seq_start_at,
+                      &step_inputs::seq_len_at, &step_inputs::seq_row_at, &step_inputs::items_at, &step_inputs::outs_at,
+                      &step_inputs::table_at}) {
+    EXPECT_EQ(s.*member, l.*member);
+  }
+  EXPECT_EQ(s.width, 1);
+  EXPECT_EQ(l.width, 8);
+  // Padding sequences: no tokens, no KV writes, no attention work.
+  EXPECT_EQ(section(s, s.row_seq_at, 4), (std::vector<int32_t>{0, 1, -1, -1}));
+  EXPECT_EQ(section(s, s.seq_len_at, 4), (std::vector<int32_t>{1, 1, 0, 0}));
+  EXPECT_EQ(s.words[s.items_at + 3 * 6], -1);
+  EXPECT_EQ(section(s, s.outs_at, 4), (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(s.out_of_seq, (std::vector<int32_t>{0, 1}));
+  EXPECT_THROW(pack_step(small, smollm2_shape(), 1), std::invalid_argument);  // 2 sequences in a bucket of 1
+}
+
+TEST(cuda_plan, only_decode_steps_within_the_buckets_are_replayed_from_graphs) {
+  const std::vector<int32_t> buckets = graph_buckets(8);
+  const std::vector<token_id> one{1}, two{1, 2};
+  const std::vector<int32_t> table{0};
+  step_batch b;
+  b.seqs.push_back(seq_step(1, one, 0, table));
+  EXPECT_EQ(graph_bucket_for(b, buckets), 1);
+  b.seqs.push_back(seq_step(2, one, 0, table));
+  b.seqs.push_back(seq_step(3, one, 0, table));
+  EXPECT_EQ(graph_bucket_for(b, buckets), 4);
+  b.seqs.push_back(seq_step(4, two, 0, table));
+  EXPECT_EQ(graph_bucket_for(b, buckets), -1);  // a prompt chunk: run as launched
+  EXPECT_EQ(graph_bucket_for(step_batch{}, buckets), -1);
+}
+
+TEST(cuda_plan, no_step_within_the_limits_outgrows_the_input_buffer) {
+  // Random steps at SmolLM2's limits: the words never exceed max_step_words.
+  std::mt19937 g(7);
+  const step_shape shape = smollm2_shape();
+  const int32_t max_tokens = 512, max_seqs = 64, max_context = 2048;
+  const int64_t room = max_step_words(max_tokens, max_seqs, max_context, shape);
+  std::vector<std::vector<token_id>> tokens(max_seqs);
+  const std::vector<int32_t> table(max_context / 16, 0);
+  for (int round = 0; round < 200; ++round) {
+    step_batch b;
+    int32_t left = max_tokens;
+    for (int32_t i = 0; i < max_seqs && left > 0; ++i) {
+      const int32_t n = std::min<int32_t>(left, round % 2 ? 1 : 1 + static_cast<int32_t>(g() % 100));
+      tokens[i].assign(static_cast<size_t>(n), 3);
+      const int32_t start = static_cast<int32_t>(g() % static_cast<uint32_t>(max_context - n));
+      b.seqs.push_back(seq_step(static_cast<uint64_t>(i), tokens[i], start, table));
+      left -= n;
+    }
+    EXPECT_LE(static_cast<int64_t>(pack_step(b, shape).words.size()), room) << "round " << round;
+  }
+  memory_request r = smollm2_on_h200();
+  r.n_head = 9, r.n_head_kv = 3;
+  const workspace_sizes w = workspace_of(r);
+  EXPECT_EQ(w.total(), activation_bytes(r));
+  EXPECT_GE(w.inputs, max_step_words(r.max_step_tokens, r.max_step_seqs, r.max_context, shape) * 4);
 }
 
 }  // namespace

@@ -1,0 +1,693 @@
+#include "gpu/cuda/cuda_backend.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <thread>
+
+#include "gpu/cpu/thread_pool.hpp"
+#include "gpu/cuda/cuda_plan.hpp"
+#include "gpu/cuda/cuda_weights.hpp"
+#include "gpu/cuda/expert_groups.hpp"
+#include "gpu/cuda/nccl_exchange.hpp"
+#include "gpu/cuda/ops.hpp"
+#include "model/model.hpp"
+
+namespace tireless::cuda {
+
+bool cuda_built() { return true; }
+
+bool cuda_available(std::string* why) { return device_available(why); }
+
+namespace {
+
+// A typed slice of one device allocation.
+template <class T>
+T* carve(device_buffer& b, size_t& at, int64_t count) {
+  at = (at + 255) / 256 * 256;
+  T* p = reinterpret_cast<T*>(static_cast<char*>(b.data()) + at);
+  at += static_cast<size_t>(count) * sizeof(T);
+  if (at > b.size()) throw std::logic_error("cuda_backend: workspace carved past its end");
+  return p;
+}
+
+// 8-bit activations for `rows` rows of up to `widest` values.
+struct q8_space {
+  int8_t* q = nullptr;
+  float *d = nullptr, *s = nullptr;
+  q8_rows as(int64_t cols) const { return {q, d, s, cols / 32}; }
+};
+
+q8_space carve_q8(device_buffer& b, size_t& at, int64_t rows, int64_t widest) {
+  const int64_t blocks = (widest + 31) / 32;
+  q8_space q;
+  q.q = carve<int8_t>(b, at, rows * blocks * 32);
+  q.d = carve<float>(b, at, rows * blocks);
+  q.s = carve<float>(b, at, rows * blocks);
+  return q;
+}
+
+// Buffers of one rank's share of a MoE layer (rank 0's are the step's own).
+struct expert_space {
+  float *x = nullptr, *ffn_in = nullptr, *act = nullptr, *y = nullptr;
+  int32_t* offsets = nullptr;  // [local experts + 1]
+  q8_space q8;
+};
+
+// A GPU of an expert group other than the first: its stream, its experts, its buffers.
+struct peer_rank {
+  int32_t device = 0, first_expert = 0, n_experts = 0;
+  std::unique_ptr<stream> s;
+  std::vector<expert_layer> experts;
+  device_buffer memory;
+  expert_space space;
+  pinned_buffer offsets_host;
+};
+
+class cuda_backend final : public backend {
+ public:
+  cuda_backend(std::shared_ptr<const model> m, const cuda_backend_options& o);
+  ~cuda_backend() override;
+
+  std::string describe() const override;
+  kv_geometry kv() const override { return {o_.block_size, kv_.n_blocks, kv_block_bytes_}; }
+  backend_limits limits() const override { return {o_.max_step_tokens, o_.max_step_seqs, o_.max_context}; }
+  int32_t n_vocab() const override { return c_.n_vocab; }
+  step_cost_prior cost_prior() const override;
+  void execute(const step_batch& batch, step_result& result) override;
+  void copy_blocks(std::span<const std::pair<int32_t, int32_t>> src_dst) override;
+  std::vector<int64_t> expert_tokens() const override;
+
+ private:
+  void check(const step_batch& b) const;
+  void allocate_workspace();
+  void set_up_expert_group();
+  step_view view_of_step(const step_inputs& in) const;
+  void forward(const step_view& st, int32_t splits);
+  void attention_block(int layer, const step_view& st, int32_t splits);
+  void ffn_block(int layer, const step_view& st);
+  void moe_block(int layer, const step_view& st);
+  void experts_here(const expert_layer& el, const expert_space& sp, const int32_t* offsets, int32_t groups,
+                    int32_t pairs, const float* x, void* s, const product_scratch& scratch);
+  void experts_across(int layer, const step_view& st);
+  void results(const step_batch& b, const step_inputs& in, step_result& result);
+
+  std::shared_ptr<const model> model_;
+  const model_config& c_;
+  cuda_backend_options o_;
+  expert_group_plan group_;
+  std::unique_ptr<stream> stream_;
+  std::unique_ptr<blas> blas_;
+  model_weights w_;
+  std::vector<expert_layer> experts_;  // this device's experts (rank 0's range)
+  std::vector<peer_rank> peers_;
+  std::unique_ptr<nccl_group> nccl_;
+  memory_plan plan_;
+  device_info device_;
+
+  device_buffer k_pool_, v_pool_;
+  kv_cache kv_;
+  int64_t kv_block_bytes_ = 0;
+
+  // Workspace (one allocation) and the step's inputs and outputs.
+  device_buffer work_;
+  float *x_ = nullptr, *h_ = nullptr, *qkv_ = nullptr, *att_ = nullptr, *logits_ = nullptr, *partial_ = nullptr;
+  float *router_ = nullptr, *gates_ = nullptr;
+  int32_t *chosen_ = nullptr, *pair_row_ = nullptr, *slot_pair_ = nullptr, *offsets_ = nullptr, *argmax_ = nullptr;
+  int32_t* words_ = nullptr;
+  unsigned long long* counts_ = nullptr;
+  expert_space moe_;
+  q8_space q8_;
+  product_scratch scratch_;
+  int64_t qkv_ld_ = 0;
+  attention_shape ashape_;
+  step_shape sshape_;
+  std::vector<int32_t> buckets_;
+
+  pinned_buffer words_host_, argmax_host_, logits_host_, offsets_host_;
+  std::map<int32_t, std::unique_ptr<graph>> graphs_;
+  std::set<int32_t> warmed_, uncapturable_;
+  int32_t rows_ = 0;  // of the step being run (padded)
+  int32_t outs_ = 0;
+  cpu::thread_pool sampling_;
+};
+
+int default_threads(int asked) {
+  return asked > 0 ? asked : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+}
+
+cuda_backend::cuda_backend(std::shared_ptr<const model> m, const cuda_backend_options& o)
+    : model_(std::move(m)), c_(model_->config()), o_(o), sampling_(default_threads(o.sampling_threads)) {
+  if (o_.max_context <= 0) o_.max_context = c_.n_ctx_train;
+  if (o_.block_size < 8 || o_.block_size > 256 || o_.block_size % 8 != 0) {
+    throw std::invalid_argument(fmt::format("kv block size {}: the CUDA backend needs a multiple of 8 up to 256 (8, 16, 32, 64)",
+                                            o_.block_size));
+  }
+  if (o_.max_step_tokens <= 0 || o_.max_step_seqs <= 0) {
+    throw std::invalid_argument("max_step_tokens and max_step_seqs must be positive");
+  }
+  if (c_.head_dim % 8 != 0 || c_.head_dim > 256) {
+    throw std::invalid_argument(fmt::format("head size {} is not supported by the CUDA backend (a multiple of 8, at most 256)",
+                                            c_.head_dim));
+  }
+  if (c_.is_moe() && (c_.n_expert > 1024 || c_.n_expert_used > 16)) {
+    throw std::invalid_argument(fmt::format("{} experts, {} a token: the CUDA backend routes at most 1024 experts, 16 a token",
+                                            c_.n_expert, c_.n_expert_used));
+  }
+  std::string why;
+  if (!device_available(&why)) {
+    throw std::runtime_error(fmt::format("backend.kind = \"cuda\": no usable CUDA device here ({}); use kind = \"cpu\" or "
+                                         "\"auto\", or run on a machine with an NVIDIA GPU and its driver",
+                                         why));
+  }
+  expert_group_request gr;
+  gr.devices = o_.devices;
+  gr.devices_present = device_count();
+  gr.nccl_built = nccl_built();
+  gr.n_expert = c_.n_expert;
+  gr.n_expert_used = c_.n_expert_used;
+  gr.max_step_tokens = o_.max_step_tokens;
+  gr.hidden = c_.n_embd;
+  group_ = plan_expert_groups(gr);
+  set_device(group_.devices[0]);
+  device_ = info_of(group_.devices[0]);
+  stream_ = std::make_unique<stream>();
+  blas_ = std::make_unique<blas>(stream_->handle());
+
+  if (o_.kv_blocks <= 0) o_.kv_blocks = (o_.max_context + o_.block_size - 1) / o_.block_size;
+  memory_request r;
+  r.device_bytes = device_.free_bytes;
+  const int32_t local_experts = c_.is_moe() ? group_.first_expert[1] - group_.first_expert[0] : 0;
+  r.weight_bytes = weight_bytes(*model_, true, 0, local_experts);
+  r.kv_bytes_per_token = int64_t{c_.n_layer} * c_.kv_dim() * 2 * 2;
+  r.block_size = o_.block_size;
+  r.max_step_tokens = o_.max_step_tokens;
+  r.max_step_seqs = o_.max_step_seqs;
+  r.max_context = o_.max_context;
+  r.hidden = c_.n_embd, r.ffn = c_.n_ff, r.vocab = c_.n_vocab, r.q_dim = c_.q_dim(), r.kv_dim = c_.kv_dim();
+  r.n_head = c_.n_head, r.n_head_kv = c_.n_head_kv;
+  r.multiprocessors = device_.multiprocessors;
+  r.n_expert = c_.n_expert, r.n_expert_used = c_.n_expert_used;
+  r.kv_blocks = o_.kv_blocks;
+  plan_ = plan_memory(r);
+
+  w_ = upload_dense_weights(*model_);
+  if (c_.is_moe()) experts_ = upload_experts(*model_, 0, local_experts);
+
+  kv_.n_layer = c_.n_layer;
+  kv_.n_blocks = plan_.kv_blocks;
+  kv_.block_size = o_.block_size;
+  kv_.n_head_kv = c_.n_head_kv;
+  kv_.head_dim = c_.head_dim;
+  const size_t pool = static_cast<size_t>(kv_.layer_stride()) * c_.n_layer * sizeof(uint16_t);
+  k_pool_ = device_buffer(pool);
+  v_pool_ = device_buffer(pool);
+  k_pool_.zero();  // finite everywhere, also in slots attention never reads
+  v_pool_.zero();
+  kv_.k = k_pool_.as<uint16_t>();
+  kv_.v = v_pool_.as<uint16_t>();
+  kv_block_bytes_ = kv_.block_stride() * c_.n_layer * 2 * static_cast<int64_t>(sizeof(uint16_t));
+
+  ashape_.n_head = c_.n_head;
+  ashape_.n_head_kv = c_.n_head_kv;
+  ashape_.head_dim = c_.head_dim;
+  ashape_.rope_dims = c_.rope_dims;
+  ashape_.rope_base = c_.rope_base;
+  ashape_.scale = 1.0f / std::sqrt(static_cast<float>(c_.head_dim));
+  sshape_.block_size = o_.block_size;
+  sshape_.n_head_kv = c_.n_head_kv;
+  sshape_.group = c_.n_head / c_.n_head_kv;
+  qkv_ld_ = c_.q_dim() + 2 * c_.kv_dim();
+  buckets_ = graph_buckets(std::min(o_.max_step_seqs, o_.max_step_tokens));
+  allocate_workspace();
+  if (group_.exchanges()) set_up_expert_group();
+  synchronize();
+  // The weights are in device memory now; the file's pages can go.
+  model_->file().release_pages();
+}
+
+cuda_backend::~cuda_backend() {
+  try {
+    set_device(group_.devices.empty() ? 0 : group_.devices[0]);
+    if (stream_) stream_->synchronize();
+  } catch (...) {
+  }
+}
+
+void cuda_backend::allocate_workspace() {
+  const int64_t rows = o_.max_step_tokens;
+  const int64_t seqs = std::min(o_.max_step_seqs, o_.max_step_tokens);
+  const int64_t e = c_.n_embd, ff = c_.n_ff, k = std::max(c_.n_expert_used, 1);
+  const int64_t pairs = c_.is_moe() ? rows * k : 0;
+  const int64_t ffn_rows = std::max(rows, pairs);
+  const int64_t widest = std::max({e, int64_t{c_.q_dim()}, ff});
+  const int64_t words = max_step_words(o_.max_step_tokens, static_cast<int32_t>(seqs), o_.max_context, sshape_);
+  // attention_splits keeps items x splits below 3 x the multiprocessors.
+  const int64_t partial = attention_partial_floats(3 * device_.multiprocessors, 1, c_.head_dim);
+  const int64_t halves_bytes = ffn_rows * widest * 2;
+  // Sizes with room for the 256-byte alignment of each slice.
+  int64_t bytes = 64 * 256;
+  bytes += (2 * rows * e + rows * qkv_ld_ + rows * c_.q_dim() + seqs * c_.n_vocab + partial) * 4;
+  bytes += (ffn_rows * 2 * ff + ffn_rows * ff) * 4 + ffn_rows * ((widest + 31) / 32) * (32 + 8) + halves_bytes;
+  bytes += (seqs + words) * 4;
+  if (c_.is_moe()) {
+    // router logits and gates; chosen, pair_row, slot_pair and offsets; the pairs' inputs and outputs
+    bytes += (rows * c_.n_expert + rows * k) * 4 + (rows * k * 3 + c_.n_expert + 1) * 4 + 2 * pairs * e * 4;
+    bytes += int64_t{c_.n_layer} * c_.n_expert * 8;
+  }
+  work_ = device_buffer(static_cast<size_t>(bytes));
+  size_t at = 0;
+  x_ = carve<float>(work_, at, rows * e);
+  h_ = carve<float>(work_, at, rows * e);
+  qkv_ = carve<float>(work_, at, rows * qkv_ld_);
+  att_ = carve<float>(work_, at, rows * c_.q_dim());
+  logits_ = carve<float>(work_, at, seqs * c_.n_vocab);
+  partial_ = carve<float>(work_, at, partial);
+  moe_.ffn_in = carve<float>(work_, at, ffn_rows * 2 * ff);
+  moe_.act = carve<float>(work_, at, ffn_rows * ff);
+  q8_ = carve_q8(work_, at, ffn_rows, widest);
+  moe_.q8 = q8_;
+  scratch_.cublas = blas_.get();
+  scratch_.halves = carve<uint16_t>(work_, at, halves_bytes / 2);
+  scratch_.halves_bytes = static_cast<size_t>(halves_bytes);
+  argmax_ = carve<int32_t>(work_, at, seqs);
+  words_ = carve<int32_t>(work_, at, words);
+  if (c_.is_moe()) {
+    router_ = carve<float>(work_, at, rows * c_.n_expert);
+    gates_ = carve<float>(work_, at, rows * k);
+    chosen_ = carve<int32_t>(work_, at, rows * k);
+    pair_row_ = carve<int32_t>(work_, at, rows * k);
+    slot_pair_ = carve<int32_t>(work_, at, rows * k);
+    offsets_ = carve<int32_t>(work_, at, c_.n_expert + 1);
+    moe_.x = carve<float>(work_, at, pairs * e);
+    moe_.y = carve<float>(work_, at, pairs * e);
+    moe_.offsets = offsets_;
+    counts_ = carve<unsigned long long>(work_, at, int64_t{c_.n_layer} * c_.n_expert);
+  }
+  work_.zero();
+  words_host_ = pinned_buffer(static_cast<size_t>(words) * 4);
+  argmax_host_ = pinned_buffer(static_cast<size_t>(seqs) * 4);
+  logits_host_ = pinned_buffer(static_cast<size_t>(seqs) * c_.n_vocab * 4);
+  if (c_.is_moe()) offsets_host_ = pinned_buffer(static_cast<size_t>(c_.n_expert + 1) * 4);
+}
+
+// Ranks 1.. of the expert group: their experts and buffers on their devices, then the
+// communicators (rank order, one call).
+void cuda_backend::set_up_expert_group() {
+  const int64_t pairs = group_.max_pairs, e = c_.n_embd, ff = c_.n_ff;
+  const int64_t widest = std::max(e, ff);
+  for (int32_t r = 1; r < group_.ranks(); ++r) {
+    peer_rank p;
+    p.device = group_.devices[r];
+    p.first_expert = group_.first_expert[r];
+    p.n_experts = group_.first_expert[r + 1] - p.first_expert;
+    set_device(p.device);
+    p.s = std::make_unique<stream>();
+    p.experts = upload_experts(*model_, p.first_expert, p.n_experts);
+    const int64_t bytes = 16 * 256 + (pairs * e * 2 + pairs * 3 * ff) * 4 + pairs * ((widest + 31) / 32) * 40 +
+                          (p.n_experts + 1) * 4;
+    p.memory = device_buffer(static_cast<size_t>(bytes));
+    size_t at = 0;
+    p.space.x = carve<float>(p.memory, at, pairs * e);
+    p.space.y = carve<float>(p.memory, at, pairs * e);
+    p.space.ffn_in = carve<float>(p.memory, at, pairs * 2 * ff);
+    p.space.act = carve<float>(p.memory, at, pairs * ff);
+    p.space.q8 = carve_q8(p.memory, at, pairs, widest);
+    p.space.offsets = carve<int32_t>(p.memory, at, p.n_experts + 1);
+    p.offsets_host = pinned_buffer(static_cast<size_t>(p.n_experts + 1) * 4);
+    synchronize();
+    peers_.push_back(std::move(p));
+  }
+  set_device(group_.devices[0]);
+  nccl_ = std::make_unique<nccl_group>(group_.devices);
+}
+
+std::string cuda_backend::describe() const {
+  std::string experts;
+  if (group_.exchanges()) {
+    experts = fmt::format(", experts over {} GPUs (NCCL)", group_.ranks());
+  } else if (!group_.fallback.empty()) {
+    experts = ", " + group_.fallback;
+  }
+  return fmt::format("cuda ({} (device {}), {}; graphs {}{})", device_.name, group_.devices[0], plan_.describe(),
+                     o_.graphs ? "on" : "off", experts);
+}
+
+// A prior, before anything was measured: the weights' bytes streamed at ~3 TB/s and ~12
+// launches a layer of a few microseconds for a step; products at ~100 dense TFLOP/s for
+// prefill, ~30 for decode rows; the KV cache read at ~3 TB/s.
+step_cost_prior cuda_backend::cost_prior() const {
+  const double macs = c_.n_layer * (double(c_.n_embd) * c_.q_dim() * 2 + double(c_.n_embd) * c_.kv_dim() * 2 +
+                                    double(c_.n_embd) * c_.n_ff * 3 * std::max(1, c_.n_expert_used)) +
+                      double(c_.n_embd) * c_.n_vocab;
+  const double c0 = double(plan_.weights) / 3e12 + c_.n_layer * 12 * 3e-6;
+  const double kv_per_thousand = 1000.0 * c_.n_layer * c_.kv_dim() * 4 / 3e12;
+  return {c0, 2 * macs / 100e12, 2 * macs / 30e12, kv_per_thousand};
+}
+
+void cuda_backend::check(const step_batch& b) const {
+  if (static_cast<int64_t>(b.seqs.size()) > o_.max_step_seqs) {
+    throw std::invalid_argument(fmt::format("step has {} sequences, the limit is {}", b.seqs.size(), o_.max_step_seqs));
+  }
+  if (b.n_tokens() > o_.max_step_tokens) {
+    throw std::invalid_argument(fmt::format("step has {} tokens, the limit is {}", b.n_tokens(), o_.max_step_tokens));
+  }
+  for (const sequence_step& s : b.seqs) {
+    const int64_t end = s.start_pos + static_cast<int64_t>(s.tokens.size());
+    if (s.tokens.empty() || s.start_pos < 0 || end > o_.max_context) {
+      throw std::invalid_argument(fmt::format("sequence {}: positions {}..{} are outside 0..{}", s.seq_id, s.start_pos,
+                                              end - 1, o_.max_context - 1));
+    }
+    const int64_t blocks = (end + o_.block_size - 1) / o_.block_size;
+    if (static_cast<int64_t>(s.block_table.size()) < blocks) {
+      throw std::invalid_argument(fmt::format("sequence {}: {} blocks needed, block table has {}", s.seq_id, blocks,
+                                              s.block_table.size()));
+    }
+    for (int64_t i = 0; i < blocks; ++i) {
+      if (s.block_table[i] < 0 || s.block_table[i] >= kv_.n_blocks) {
+        throw std::invalid_argument(fmt::format("sequence {}: block {} is outside the pool", s.seq_id, s.block_table[i]));
+      }
+    }
+    for (token_id t : s.tokens) {
+      if (t < 0 || t >= c_.n_vocab) {
+        throw std::invalid_argument(fmt::format("sequence {}: token {} is outside the vocabulary", s.seq_id, t));
+      }
+    }
+  }
+}
+
+step_view cuda_backend::view_of_step(const step_inputs& in) const {
+  step_view v;
+  v.words = words_;
+  v.tokens = words_ + in.tokens_at;
+  v.pos = words_ + in.pos_at;
+  v.row_seq = words_ + in.row_seq_at;
+  v.seq_start = words_ + in.seq_start_at;
+  v.seq_len = words_ + in.seq_len_at;
+  v.seq_row = words_ + in.seq_row_at;
+  v.items = words_ + in.items_at;
+  v.outs = words_ + in.outs_at;
+  v.table = words_ + in.table_at;
+  v.rows = in.rows;
+  v.seqs = in.seqs;
+  v.items_n = in.items;
+  v.outs_n = in.outs;
+  return v;
+}
+
+void cuda_backend::execute(const step_batch& b, step_result& result) {
+  check(b);
+  result.next.clear();
+  result.logits.clear();
+  result.logprobs.clear();
+  if (b.seqs.empty()) return;
+  set_device(group_.devices[0]);
+  const bool graphed = o_.graphs && !group_.exchanges();
+  const int32_t bucket = graphed ? graph_bucket_for(b, buckets_) : -1;
+  const step_inputs in = pack_step(b, sshape_, bucket > 0 ? bucket : 0);
+  std::memcpy(words_host_.data(), in.words.data(), in.words.size() * 4);
+  copy_to_device_async(words_, words_host_.data(), in.words.size() * 4, stream_->handle());
+  const step_view st = view_of_step(in);
+  rows_ = in.rows;
+  outs_ = in.outs;
+  if (bucket > 0) {
+    // A graph's shape is its bucket's; its splits cover the longest context there may be.
+    const int32_t splits = attention_splits(in.items, o_.max_context, device_.multiprocessors);
+    std::unique_ptr<graph>& g = graphs_[bucket];
+    if (!g) g = std::make_unique<graph>();
+    if (g->ready()) {
+      g->launch(stream_->handle());
+    } else if (!warmed_.count(bucket) || uncapturable_.count(bucket)) {
+      forward(st, splits);  // first time: run as launched (lazy initializations happen here)
+      warmed_.insert(bucket);
+    } else {
+      bool captured = false;
+      try {
+        g->begin_capture(stream_->handle());
+        try {
+          forward(st, splits);
+        } catch (...) {
+          try {
+            g->end_capture(stream_->handle());
+          } catch (...) {
+          }
+          throw;
+        }
+        g->end_capture(stream_->handle());
+        captured = true;
+      } catch (const std::runtime_error&) {
+        // CUDA refused the capture (a launch it cannot record): this bucket runs as launched.
+        clear_last_error();
+        g.reset();
+        uncapturable_.insert(bucket);
+      }
+      if (captured) {
+        g->launch(stream_->handle());
+      } else {
+        forward(st, splits);
+      }
+    }
+  } else {
+    int32_t longest = 0;
+    for (const sequence_step& s : b.seqs) longest = std::max(longest, s.start_pos + static_cast<int32_t>(s.tokens.size()));
+    forward(st, attention_splits(in.items, longest, device_.multiprocessors));
+  }
+  results(b, in, result);
+}
+
+void cuda_backend::forward(const step_view& st, int32_t splits) {
+  void* s = stream_->handle();
+  const int64_t e = c_.n_embd;
+  embed_rows(w_.token_embd.w.m, st.tokens, rows_, x_, s);
+  for (int layer = 0; layer < c_.n_layer; ++layer) {
+    attention_block(layer, st, splits);
+    if (c_.is_moe()) {
+      moe_block(layer, st);
+    } else {
+      ffn_block(layer, st);
+    }
+  }
+  // The sampled rows' logits: their final norm (gathered), the LM head, the greedy choice.
+  const device_matrix& out = w_.output_matrix();
+  const q8_rows hq = q8_.as(e);
+  rms_norm(x_, w_.output_norm.as<float>(), h_, outs_, static_cast<int32_t>(e), c_.rms_eps, s,
+           is_quantized(out.type) ? &hq : nullptr, st.outs);
+  matmul(out, h_, e, &hq, outs_, logits_, c_.n_vocab, false, scratch_, s);
+  argmax_rows(logits_, outs_, c_.n_vocab, argmax_, s);
+}
+
+bool any_quantized(const std::vector<product_part>& parts) {
+  return std::any_of(parts.begin(), parts.end(), [](const product_part& p) { return p.w.quantized(); });
+}
+
+void cuda_backend::attention_block(int layer, const step_view& st, int32_t splits) {
+  const layer_weights& w = w_.layers[layer];
+  void* s = stream_->handle();
+  const int64_t e = c_.n_embd, qd = c_.q_dim();
+  const q8_rows hq = q8_.as(e);
+  rms_norm(x_, w.attn_norm.as<float>(), h_, rows_, static_cast<int32_t>(e), c_.rms_eps, s,
+           any_quantized(w.qkv) ? &hq : nullptr);
+  for (const product_part& p : w.qkv) matmul(p.w.m, h_, e, &hq, rows_, qkv_ + p.column, qkv_ld_, false, scratch_, s);
+  rope_store_kv(qkv_, qkv_ld_, st, ashape_, kv_, layer, s);
+  paged_attention(qkv_, qkv_ld_, att_, qd, st, ashape_, kv_, layer, splits, partial_, s);
+  const q8_rows aq = q8_.as(qd);
+  if (w.wo.w.quantized()) quantize_q8(att_, qd, rows_, qd, nullptr, aq, s);
+  matmul(w.wo.w.m, att_, qd, &aq, rows_, x_, e, true, scratch_, s);
+}
+
+void cuda_backend::ffn_block(int layer, const step_view&) {
+  const layer_weights& w = w_.layers[layer];
+  void* s = stream_->handle();
+  const int64_t e = c_.n_embd, ff = c_.n_ff;
+  const q8_rows hq = q8_.as(e), gq = q8_.as(ff);
+  rms_norm(x_, w.ffn_norm.as<float>(), h_, rows_, static_cast<int32_t>(e), c_.rms_eps, s,
+           any_quantized(w.gate_up) ? &hq : nullptr);
+  for (const product_part& p : w.gate_up) {
+    matmul(p.w.m, h_, e, &hq, rows_, moe_.ffn_in + p.column, 2 * ff, false, scratch_, s);
+  }
+  silu_mul(moe_.ffn_in, moe_.ffn_in + ff, 2 * ff, rows_, ff, moe_.act, w.down.w.quantized() ? &gq : nullptr, s);
+  matmul(w.down.w.m, moe_.act, ff, &gq, rows_, x_, e, true, scratch_, s);
+}
+
+// Pairs [0, pairs) of one expert group's share, grouped by its experts (offsets, `groups`
+// local experts), their inputs x [pairs][n_embd] f32 (quantized here where the weights are):
+// outputs into sp.y [pairs][n_embd].
+void cuda_backend::experts_here(const expert_layer& el, const expert_space& sp, const int32_t* offsets, int32_t groups,
+                                int32_t pairs, const float* x, void* s, const product_scratch& scratch) {
+  if (pairs <= 0) return;
+  const int64_t e = c_.n_embd, ff = c_.n_ff;
+  const q8_rows xq = sp.q8.as(e), gq = sp.q8.as(ff);
+  if (any_quantized(el.gate_up)) quantize_q8(x, e, pairs, e, nullptr, xq, s);
+  for (const product_part& p : el.gate_up) {
+    grouped_matmul(p.w.m, p.rows_per_expert, groups, offsets, x, e, &xq, pairs, sp.ffn_in + p.column, 2 * ff, scratch, s);
+  }
+  silu_mul(sp.ffn_in, sp.ffn_in + ff, 2 * ff, pairs, ff, sp.act, el.down.w.quantized() ? &gq : nullptr, s);
+  grouped_matmul(el.down.w.m, el.down.rows_per_expert, groups, offsets, sp.act, ff, &gq, pairs, sp.y, e, scratch, s);
+}
+
+void cuda_backend::moe_block(int layer, const step_view& st) {
+  const layer_weights& w = w_.layers[layer];
+  void* s = stream_->handle();
+  const int64_t e = c_.n_embd;
+  const int32_t k = c_.n_expert_used;
+  const q8_rows hq = q8_.as(e);
+  rms_norm(x_, w.ffn_norm.as<float>(), h_, rows_, static_cast<int32_t>(e), c_.rms_eps, s,
+           w.router.w.quantized() ? &hq : nullptr);
+  matmul(w.router.w.m, h_, e, &hq, rows_, router_, c_.n_expert, false, scratch_, s);
+  moe_route(router_, rows_, c_.n_expert, k, st.row_seq, chosen_, gates_, counts_ + int64_t{layer} * c_.n_expert, s);
+  moe_group(chosen_, rows_, k, c_.n_expert, offsets_, pair_row_, slot_pair_, s);
+  // The pairs' inputs in pair order (their quantization then happens in pair order too: a
+  // row's 8-bit form does not depend on its neighbours).
+  gather_rows(h_, e, pair_row_, rows_ * k, e, moe_.x, e, s);
+  if (group_.exchanges()) {
+    experts_across(layer, st);
+  } else {
+    experts_here(experts_[layer], moe_, offsets_, c_.n_expert, rows_ * k, moe_.x, s, scratch_);
+  }
+  moe_combine(moe_.y, e, slot_pair_, gates_, rows_, k, e, x_, e, s);
+}
+
+// The experts of one layer over the group: rank 0 learns how many pairs each rank gets (one
+// download), sends each its pairs' inputs (NCCL), every rank runs its experts on its own stream,
+// and the outputs come back into rank 0's pair order.
+void cuda_backend::experts_across(int layer, const step_view&) {
+  void* s = stream_->handle();
+  const int32_t n_exp = c_.n_expert;
+  copy_to_host_async(offsets_host_.data(), offsets_, static_cast<size_t>(n_exp + 1) * 4, s);
+  stream_->synchronize();
+  const std::span<const int32_t> offsets(offsets_host_.as<int32_t>(), static_cast<size_t>(n_exp + 1));
+  const exchange_counts dispatch = dispatch_counts(group_, offsets);
+  const int64_t row_bytes = c_.n_embd * 4;
+  std::vector<const void*> send{moe_.x};
+  std::vector<void*> recv{moe_.x}, streams{s};
+  for (peer_rank& p : peers_) {
+    send.push_back(p.space.x);
+    recv.push_back(p.space.x);
+    streams.push_back(p.s->handle());
+  }
+  nccl_->all_to_all(dispatch, row_bytes, send, recv, streams);
+  // Each rank's experts, offsets relative to its first pair.
+  const auto local = [&](int32_t first, int32_t count, int32_t* dst) {
+    for (int32_t i = 0; i <= count; ++i) dst[i] = offsets[first + i] - offsets[first];
+  };
+  for (peer_rank& p : peers_) {
+    set_device(p.device);
+    local(p.first_expert, p.n_experts, p.offsets_host.as<int32_t>());
+    copy_to_device_async(p.space.offsets, p.offsets_host.data(), static_cast<size_t>(p.n_experts + 1) * 4, p.s->handle());
+    const int32_t pairs = offsets[p.first_expert + p.n_experts] - offsets[p.first_expert];
+    const product_scratch none{};
+    experts_here(p.experts[layer], p.space, p.space.offsets, p.n_experts, pairs, p.space.x, p.s->handle(), none);
+  }
+  set_device(group_.devices[0]);
+  // Rank 0's experts come first: its pairs start at 0 and its offsets are the step's own.
+  const int32_t mine = group_.first_expert[1];
+  experts_here(experts_[layer], moe_, offsets_, mine, offsets[mine], moe_.x, s, scratch_);
+  std::vector<const void*> back{moe_.y};
+  std::vector<void*> into{moe_.y};
+  for (peer_rank& p : peers_) {
+    back.push_back(p.space.y);
+    into.push_back(p.space.y);
+  }
+  nccl_->all_to_all(transpose(dispatch), row_bytes, back, into, streams);
+}
+
+void cuda_backend::results(const step_batch& b, const step_inputs& in, step_result& result) {
+  void* s = stream_->handle();
+  const size_t v = static_cast<size_t>(c_.n_vocab);
+  copy_to_host_async(argmax_host_.data(), argmax_, static_cast<size_t>(in.outs) * 4, s);
+  // Logits come down only for the rows that need them: asked for, or sampled on the host.
+  const auto on_host = [](const sequence_step& q) {
+    return q.sample && ((q.sampling.temperature > 0.0f && q.sampling.top_k != 1) || q.sampling.penalized() ||
+                        q.sampling.logprobs >= 0);
+  };
+  std::vector<char> needs(b.seqs.size(), 0);
+  for (size_t i = 0; i < b.seqs.size(); ++i) {
+    const int32_t out = in.out_of_seq[i];
+    if (out < 0 || !(b.seqs[i].want_logits || on_host(b.seqs[i]))) continue;
+    needs[i] = 1;
+    copy_to_host_async(logits_host_.as<float>() + out * v, logits_ + out * v, v * 4, s);
+  }
+  stream_->synchronize();
+  result.next.assign(b.seqs.size(), -1);
+  const bool any_logprobs = std::any_of(b.seqs.begin(), b.seqs.end(), [](const sequence_step& q) {
+    return q.sample && q.sampling.logprobs >= 0;
+  });
+  if (any_logprobs) result.logprobs.resize(b.seqs.size());
+  const int32_t* greedy = argmax_host_.as<int32_t>();
+  const float* logits = logits_host_.as<float>();
+  const bool host_sampling = std::any_of(b.seqs.begin(), b.seqs.end(), on_host);
+  auto choose = [&](int64_t begin, int64_t end) {
+    thread_local sampler_scratch scratch;
+    for (int64_t i = begin; i < end; ++i) {
+      const sequence_step& q = b.seqs[i];
+      if (!q.sample) continue;
+      const int32_t out = in.out_of_seq[i];
+      if (!on_host(q)) {
+        result.next[i] = greedy[out];
+        continue;
+      }
+      const std::span<const float> row(logits + out * v, v);
+      const uint64_t draw = static_cast<uint64_t>(q.start_pos) + q.tokens.size();
+      result.next[i] = sample(row, q.sampling, draw, scratch, q.history, q.prompt_len);
+      if (q.sampling.logprobs >= 0) result.logprobs[i] = logprob_of(row, result.next[i], q.sampling.logprobs, scratch);
+    }
+  };
+  // Greedy steps need no workers: the device chose.
+  if (host_sampling) {
+    sampling_.parallel_for(static_cast<int64_t>(b.seqs.size()), 1, choose);
+  } else {
+    choose(0, static_cast<int64_t>(b.seqs.size()));
+  }
+  for (size_t i = 0; i < b.seqs.size(); ++i) {
+    if (!b.seqs[i].want_logits) continue;
+    const float* l = logits + in.out_of_seq[i] * v;
+    result.logits.insert(result.logits.end(), l, l + v);
+  }
+}
+
+void cuda_backend::copy_blocks(std::span<const std::pair<int32_t, int32_t>> src_dst) {
+  if (src_dst.empty()) return;
+  std::vector<int32_t> pairs;
+  for (auto [src, dst] : src_dst) {
+    if (src < 0 || dst < 0 || src >= kv_.n_blocks || dst >= kv_.n_blocks) {
+      throw std::invalid_argument(fmt::format("copy of block {} to {}: outside the pool", src, dst));
+    }
+    pairs.push_back(src);
+    pairs.push_back(dst);
+  }
+  set_device(group_.devices[0]);
+  // Through the step-inputs buffers, which no step uses meanwhile (the engine calls execute and
+  // copy_blocks from one thread; each returns synchronized). In order, as the CPU copies.
+  const size_t room = words_host_.size() / 4 / 2 * 2;
+  for (size_t at = 0; at < pairs.size();) {
+    const size_t n = std::min(pairs.size() - at, room);
+    std::memcpy(words_host_.data(), pairs.data() + at, n * 4);
+    copy_to_device_async(words_, words_host_.data(), n * 4, stream_->handle());
+    copy_kv_blocks(kv_, words_, static_cast<int32_t>(n / 2), stream_->handle());
+    stream_->synchronize();
+    at += n;
+  }
+}
+
+std::vector<int64_t> cuda_backend::expert_tokens() const {
+  if (!c_.is_moe()) return {};
+  const size_t n = static_cast<size_t>(c_.n_layer) * static_cast<size_t>(c_.n_expert);
+  std::vector<unsigned long long> counts(n);
+  set_device(group_.devices[0]);
+  stream_->synchronize();
+  copy_to_host(counts.data(), counts_, n * sizeof(unsigned long long));
+  return std::vector<int64_t>(counts.begin(), counts.end());
+}
+
+}  // namespace
+
+std::unique_ptr<backend> make_cuda_backend(std::shared_ptr<const model> m, const cuda_backend_options& o) {
+  return std::make_unique<cuda_backend>(std::move(m), o);
+}
+
+}  // namespace tireless::cuda

@@ -1,0 +1,130 @@
+#include "gpu/cuda/device.cuh"
+#include "gpu/cuda/matmul.cuh"
+#include "gpu/cuda/matvec.cuh"
+#include "gpu/cuda/mmq.cuh"
+#include "gpu/cuda/ops.hpp"
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace tireless::cuda {
+
+namespace detail {
+
+__global__ void to_halves_kernel(const float* src, int64_t lds, int64_t rows, int64_t cols, uint16_t* dst, int to_bf16) {
+  const int64_t total = rows * cols;
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < total;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = src[(k / cols) * lds + k % cols];
+    dst[k] = to_bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(v)) : __half_as_ushort(__float2half_rn(v));
+  }
+}
+
+namespace {
+
+void check_blas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(std::string(what) + ": cuBLAS status " + std::to_string(static_cast<int>(s)));
+}
+
+// y[t][r] (+)= W[r] · x[t] through cuBLAS: column-major, y^T (rows x n) = W (rows x cols, the
+// row-major matrix read transposed) x x^T (cols x n).
+void blas_product(const device_matrix& w, const float* x, int64_t ldx, int32_t n, float* y, int64_t ldy, bool accumulate,
+                  const product_scratch& scratch, cudaStream_t s) {
+  if (!scratch.cublas) throw std::invalid_argument("matmul: float weights past the matvec need cuBLAS (no handle given)");
+  auto* h = static_cast<cublasHandle_t>(scratch.cublas->handle());
+  check_blas(cublasSetStream(h, s), "cublasSetStream");
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  const int m = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
+  if (w.type == tensor_type::f32) {
+    check_blas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w.qs, CUDA_R_32F, k, x, CUDA_R_32F,
+                            static_cast<int>(ldx), &beta, y, CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT),
+               "cublasGemmEx (f32)");
+    return;
+  }
+  const size_t need = static_cast<size_t>(n) * static_cast<size_t>(k) * 2;
+  if (need > scratch.halves_bytes || !scratch.halves) {
+    throw std::invalid_argument("matmul: the fp16 activation scratch is " + std::to_string(scratch.halves_bytes) +
+                                " bytes, " + std::to_string(need) + " needed");
+  }
+  const bool bf16 = w.type == tensor_type::bf16;
+  const int64_t total = static_cast<int64_t>(n) * k;
+  const int blocks = static_cast<int>(std::min<int64_t>((total + 255) / 256, 65535));
+  to_halves_kernel<<<blocks, 256, 0, s>>>(x, ldx, n, k, static_cast<uint16_t*>(scratch.halves), bf16 ? 1 : 0);
+  check_launch("matmul: activations to fp16");
+  const cudaDataType t = bf16 ? CUDA_R_16BF : CUDA_R_16F;
+  check_blas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w.qs, t, k, scratch.halves, t, k, &beta, y,
+                          CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+             bf16 ? "cublasGemmEx (bf16)" : "cublasGemmEx (f16)");
+}
+
+void check_product(const device_matrix& w, const q8_rows* xq, const char* what) {
+  if (is_quantized(w.type)) {
+    if (!xq || !xq->q) throw std::invalid_argument(std::string(what) + ": quantized weights need quantized activations");
+    if (xq->blocks != w.cols / 32) {
+      throw std::invalid_argument(std::string(what) + ": activations of " + std::to_string(xq->blocks * 32) +
+                                  " values for a matrix of " + std::to_string(w.cols) + " columns");
+    }
+  } else if (w.cols % 8 != 0) {
+    throw std::invalid_argument(std::string(what) + ": float weights need a multiple of 8 columns");
+  }
+}
+
+}  // namespace
+}  // namespace detail
+
+blas::blas(void* stream) : workspace_(32u << 20) {
+  cublasHandle_t h = nullptr;
+  detail::check_blas(cublasCreate(&h), "cublasCreate");
+  h_ = h;
+  // A workspace of its own: cuBLAS then allocates nothing while a graph is captured.
+  detail::check_blas(cublasSetWorkspace(h, workspace_.data(), workspace_.size()), "cublasSetWorkspace");
+  detail::check_blas(cublasSetStream(h, detail::stream_of(stream)), "cublasSetStream");
+  detail::check_blas(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+}
+
+blas::~blas() {
+  if (h_) cublasDestroy(static_cast<cublasHandle_t>(h_));
+}
+
+void matmul(const device_matrix& w, const float* x, int64_t ldx, const q8_rows* xq, int32_t n, float* y, int64_t ldy,
+            bool accumulate, const product_scratch& scratch, void* stream) {
+  if (n <= 0 || w.rows == 0) return;
+  detail::check_product(w, xq, "matmul");
+  const cudaStream_t s = detail::stream_of(stream);
+  if (detail::launch_matvec(w, x, ldx, xq, n, y, ldy, accumulate, nullptr, 0, 0, s)) return;
+  if (is_quantized(w.type)) {
+    detail::launch_mmq(w, *xq, n, y, ldy, accumulate, nullptr, 0, 0, s);
+  } else {
+    detail::blas_product(w, x, ldx, n, y, ldy, accumulate, scratch, s);
+  }
+}
+
+void grouped_matmul(const device_matrix& w, int64_t rows_per_group, int32_t groups, const int32_t* offsets,
+                    const float* x, int64_t ldx, const q8_rows* xq, int32_t pairs, float* y, int64_t ldy,
+                    const product_scratch& /*scratch*/, void* stream) {
+  if (pairs <= 0) return;
+  detail::check_product(w, xq, "grouped_matmul");
+  if (groups < 1 || rows_per_group < 1 || rows_per_group * groups > w.rows) {
+    throw std::invalid_argument("grouped_matmul: " + std::to_string(groups) + " groups of " + std::to_string(rows_per_group) +
+                                " rows do not fit a matrix of " + std::to_string(w.rows));
+  }
+  const cudaStream_t s = detail::stream_of(stream);
+  // Few pairs (decode), or float weights: one matvec per pair, its expert's rows; many pairs of
+  // quantized weights: the tensor-core product over each expert's pairs.
+  if (is_quantized(w.type) && pairs > 2 * groups + matvec_max_tokens) {
+    detail::launch_mmq(w, *xq, pairs, y, ldy, false, offsets, groups, rows_per_group, s);
+    return;
+  }
+  if (!detail::launch_matvec(w, x, ldx, xq, pairs, y, ldy, false, offsets, groups, rows_per_group, s)) {
+    if (!is_quantized(w.type)) throw std::invalid_argument("grouped_matmul: float experts wider than shared memory holds");
+    detail::launch_mmq(w, *xq, pairs, y, ldy, false, offsets, groups, rows_per_group, s);
+  }
+}
+
+}  // namespace tireless::cuda
