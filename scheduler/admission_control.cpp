@@ -243,10 +243,6 @@ admission_decision admission_control::decide(const arrival& a, bool promise) {
   now_ns_ = std::max(now_ns_, a.now_ns);
   tier_state& tier = tier_of(a.tier);
   const tier_settings& ts = *tier.settings;
-  if (promise) {  // an arrival (not a question about one): the tier's offered work
-    tier.offered_tokens_per_s = tier.offered_at(a.now_ns) + a.prompt_tokens / offered_window_s;
-    tier.offered_ns = a.now_ns;
-  }
   admission_decision d;
   d.admitted = true;
   d.max_tokens = a.max_tokens;
@@ -274,6 +270,10 @@ admission_decision admission_control::decide(const arrival& a, bool promise) {
     // feasible requests of its tier, and its outcome says so.
     const double idle = idle_prefill(a.prompt_tokens);
     const bool infeasible = target > 0 && idle > target;
+    if (promise && !infeasible) {  // an arrival (not a question about one) that can be on time: the tier's load
+      tier.offered_tokens_per_s = tier.offered_at(a.now_ns) + a.prompt_tokens / offered_window_s;
+      tier.offered_ns = a.now_ns;
+    }
     // A sheddable request's start bound is its tier's, stretched for an infeasible prompt as
     // far as its own prefill exceeds the target (its promise is relative to that prefill).
     if (ts.sheddable) {
@@ -334,30 +334,35 @@ admission_decision admission_control::decide(const arrival& a, bool promise) {
     // their decodes yield, as the engine packs a step), but when the work of its own tier and
     // above would hold its first token past its start bound (default 2x its target) or
     // max_queue_wait, it is refused now, with a retry hint, rather than served late with the
-    // others. And when the tier's offered prompts alone (less what the prefix cache holds), at
-    // the pace its own work gets, would need more than the whole engine (the tier alone is
-    // over the capacity: some of it must miss), it is refused once it would miss its target,
-    // so that those admitted meet theirs (h200-premium-heavy short form at 3x: 42.7% -> 55.2%
-    // of premium on time; 1x: 99.2% -> 98.9%).
+    // others. And when the tier's offered prompts that can be on time (less what the prefix
+    // cache holds; infeasible ones go after them), at the pace its own work gets, would need
+    // more than the whole engine (the tier alone is over the capacity: some of it must miss),
+    // a feasible one is refused once it would miss its target, so that those admitted meet
+    // theirs (h200-premium-heavy short form at 3x: 42.7% -> 55.2% of premium on time).
     double max_wait = std::min(std::chrono::duration<double>(settings_.max_queue_wait).count(),
                                std::chrono::duration<double>(ts.start_bound()).count());
     double own_ttft = ttft;
+    bool over = false;
     if (!ts.sheddable) {
       const first_token_forecast own = forecast(ts.name, a.prompt_tokens, 0, true);
       own_ttft = own.seconds;
-      if (tier.offered_at(a.now_ns) * uncached_share(ts.priority) * own.seconds_per_token > 1.0) {
-        max_wait = std::min(max_wait, target);
-      }
+      over = !infeasible && tier.offered_at(a.now_ns) * uncached_share(ts.priority) * own.seconds_per_token > 1.0;
+      if (over) max_wait = std::min(max_wait, target);
     }
     if (!ts.sheddable && max_wait > 0 && own_ttft - (infeasible ? idle : 0.0) > max_wait && !reserved) {
       uint64_t token = 0;
       const int64_t hint = retry_hint_ms(ts, a, max_wait, promise, &token);
-      admission_decision r = refuse(refusal::overloaded,
-                    fmt::format("the predicted time to first token, {:.1f} s, is beyond the longest wait "
-                                "(start_within_ms or admission.max_queue_wait_ms, {:.1f} s) even for tier '{}', which is not shed: "
-                                "the server is over its capacity for this tier alone; retry in {} ms",
-                                own_ttft, max_wait, ts.name, hint),
-                    hint);
+      admission_decision r = refuse(
+          refusal::overloaded,
+          over ? fmt::format("tier '{}' (not shed) offers more than the server's whole capacity at the moment, and the "
+                             "predicted time to first token, {:.1f} s, misses its target of {:.1f} s: refused now so that "
+                             "those admitted meet theirs; retry in {} ms",
+                             ts.name, own_ttft, target, hint)
+               : fmt::format("the predicted time to first token, {:.1f} s, is beyond the longest wait "
+                             "(start_within_ms or admission.max_queue_wait_ms, {:.1f} s) even for tier '{}', which is not "
+                             "shed: the server is over its capacity for this tier alone; retry in {} ms",
+                             own_ttft, max_wait, ts.name, hint),
+          hint);
       r.retry_token = token;
       return r;
     }

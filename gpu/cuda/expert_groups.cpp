@@ -39,7 +39,7 @@ expert_group_plan plan_expert_groups(const expert_group_request& r) {
   if (devices.size() > 1 && !r.nccl_built) {
     p.fallback = fmt::format("this build has no NCCL: the experts run on device {} with the rest, not on {} devices",
                              devices[0], devices.size());
-    devices.resize(1);
+    devices.erase(devices.begin() + 1, devices.end());
   }
   if (r.n_expert > 0 && static_cast<int64_t>(devices.size()) > r.n_expert) {
     throw std::invalid_argument(fmt::format("backend.cuda_devices lists {} devices for {} experts: each device needs at "
