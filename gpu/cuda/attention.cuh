@@ -12,9 +12,10 @@
 #include <cstdint>
 
 #include "gpu/cuda/ops.hpp"
+#include "gpu/cuda/shapes.hpp"
 
 namespace tireless::cuda::detail {
 
-inline constexpr int attention_threads = 128, attention_keys = 32;
+inline constexpr int attention_threads = 128, attention_keys = attention_tile_keys;
 
 }  // namespace tireless::cuda::detail

@@ -126,8 +126,9 @@ void grouped_matmul(const device_matrix& w, int64_t rows_per_group, int32_t grou
                                 " rows do not fit a matrix of " + std::to_string(w.rows));
   }
   const cudaStream_t s = detail::stream_of(stream);
-  // Few pairs (decode), or float weights: one matvec per pair, its expert's rows; many pairs of
-  // quantized weights: the tensor-core product over each expert's pairs.
+  // Few pairs (decode), or float weights: the matvec over tiles of an expert's pairs (its rows
+  // read once a tile); many pairs of quantized weights: the tensor-core product over each
+  // expert's pairs.
   if (is_quantized(w.type) && pairs > 2 * groups + matvec_max_tokens) {
     detail::launch_mmq(w, *xq, pairs, y, ldy, false, offsets, groups, rows_per_group, s);
     return;

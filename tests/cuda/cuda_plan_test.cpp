@@ -333,5 +333,53 @@ TEST(cuda_plan, left_to_the_device_the_pool_is_what_is_left_and_asked_for_it_mus
   }
 }
 
+// Llama-3-8B's decode products on an H200 (132 multiprocessors, 227 KiB of shared memory each).
+TEST(cuda_plan, decode_products_keep_several_blocks_a_multiprocessor_at_every_batch) {
+  for (const int32_t n : {1, 2, 3, 4, 5, 6, 7, 8}) {
+    for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{4096, 14336}, {6144, 4096}, {28672, 4096}, {128256, 4096}}) {
+      const matvec_launch q = plan_matvec(true, rows, cols, n, 0, 132);
+      EXPECT_GE(q.nt, n);
+      EXPECT_LE(q.shared, 28 * 1024) << n << " tokens, " << cols << " columns: shared memory no longer limits the blocks";
+      EXPECT_GE(q.blocks_x * q.warps * matvec_warp_rows(q.nt), rows) << "every row has a warp";
+      EXPECT_EQ(q.blocks_y, 1);
+      const matvec_launch f = plan_matvec(false, rows, cols, n, 0, 132);
+      EXPECT_LE(f.shared, 28 * 1024);
+    }
+  }
+  // Batch 1 stages a whole row of activations of up to 16,384 values at once, as before.
+  EXPECT_EQ(plan_matvec(true, 4096, 14336, 1, 0, 132).shared, 448 * (matvec_q_stride + 8));
+  // The down projection at 8 tokens: 4 rows a warp, 1024 warps, spread two blocks a multiprocessor.
+  const matvec_launch down = plan_matvec(true, 4096, 14336, 8, 0, 132);
+  EXPECT_EQ(down.nt, 8);
+  EXPECT_EQ(down.shared, 8 * 64 * (matvec_q_stride + 8));
+  EXPECT_GE(down.blocks_x, 2 * 132);
+}
+
+TEST(cuda_plan, grouped_decode_products_read_an_experts_rows_once_per_tile_of_pairs) {
+  // Mixtral decode: 2 of 8 experts a token. One token: a pair a tile.
+  EXPECT_EQ(plan_matvec(true, 14336, 4096, 2, 8, 132).nt, 1);
+  EXPECT_EQ(plan_matvec(true, 14336, 4096, 2, 8, 132).blocks_y, 2);
+  // 12 tokens, 24 pairs, ~3 an expert: tiles of 4 pairs, with room for the worst spread (every
+  // expert's last tile partial).
+  const matvec_launch l = plan_matvec(true, 14336, 4096, 24, 8, 132);
+  EXPECT_EQ(l.nt, 4);
+  EXPECT_EQ(l.blocks_y, 24 / 4 + 8);
+  for (const std::vector<int32_t>& counts :
+       {std::vector<int32_t>{24, 0, 0, 0, 0, 0, 0, 0}, {3, 3, 3, 3, 3, 3, 3, 3}, {1, 1, 1, 1, 1, 1, 1, 17}, {5, 5, 5, 5, 1, 1, 1, 1}}) {
+    int64_t tiles = 0;
+    for (int32_t c : counts) tiles += (c + l.nt - 1) / l.nt;
+    EXPECT_LE(tiles, l.blocks_y);
+  }
+}
+
+TEST(cuda_plan, a_split_of_attention_covers_two_key_tiles_or_the_item_runs_one_split) {
+  EXPECT_EQ(attention_item_splits(16, 5), 1);      // a graph sized for 8192 positions, at position 5
+  EXPECT_EQ(attention_item_splits(16, 64), 1);     // two tiles: one split
+  EXPECT_EQ(attention_item_splits(16, 65), 2);     // three tiles
+  EXPECT_EQ(attention_item_splits(16, 8192), 16);  // 256 tiles: all the launch has
+  EXPECT_EQ(attention_item_splits(3, 8192), 3);
+  EXPECT_EQ(attention_item_splits(1, 8192), 1);
+}
+
 }  // namespace
 }  // namespace tireless::cuda
