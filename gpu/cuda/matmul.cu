@@ -134,7 +134,9 @@ void grouped_matmul(const device_matrix& w, int64_t rows_per_group, int32_t grou
     return;
   }
   if (!detail::launch_matvec(w, x, ldx, xq, pairs, y, ldy, false, offsets, groups, rows_per_group, s)) {
-    if (!is_quantized(w.type)) throw std::invalid_argument("grouped_matmul: float experts wider than shared memory holds");
+    if (!is_quantized(w.type)) {
+      throw std::invalid_argument("grouped_matmul: " + std::to_string(pairs) + " pairs of float experts: more tiles than one launch has");
+    }
     detail::launch_mmq(w, *xq, pairs, y, ldy, false, offsets, groups, rows_per_group, s);
   }
 }
