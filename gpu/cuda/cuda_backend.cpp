@@ -144,6 +144,9 @@ class cuda_backend final : public backend {
   std::vector<int32_t> buckets_;
 
   pinned_buffer words_host_, argmax_host_, logits_host_, offsets_host_;
+  // Recorded after each copy out of words_host_, waited for before the host writes it again
+  // (a step that threw may have left its copy pending).
+  std::unique_ptr<event> words_sent_;
   std::map<int32_t, std::unique_ptr<graph>> graphs_;
   std::set<int32_t> warmed_, uncapturable_;
   int32_t rows_ = 0;  // of the step being run (padded)
@@ -293,6 +296,7 @@ void cuda_backend::allocate_workspace() {
   work_.zero();
   const int64_t seqs = std::min(o_.max_step_seqs, o_.max_step_tokens);
   words_host_ = pinned_buffer(static_cast<size_t>(l.inputs.bytes));
+  words_sent_ = std::make_unique<event>();
   argmax_host_ = pinned_buffer(static_cast<size_t>(seqs) * 4);
   logits_host_ = pinned_buffer(static_cast<size_t>(seqs) * c_.n_vocab * 4);
   if (c_.is_moe()) offsets_host_ = pinned_buffer(static_cast<size_t>(c_.n_expert + 1) * 4);
@@ -416,8 +420,10 @@ void cuda_backend::execute(const step_batch& b, step_result& result) {
   if (static_cast<int64_t>(in.words.size()) * 4 > layout_.inputs.bytes) {
     throw std::logic_error("cuda_backend: a step's inputs outgrew max_step_words");
   }
+  words_sent_->synchronize();
   std::memcpy(words_host_.data(), in.words.data(), in.words.size() * 4);
   copy_to_device_async(words_, words_host_.data(), in.words.size() * 4, stream_->handle());
+  words_sent_->record(stream_->handle());
   const step_view st = view_of_step(in);
   rows_ = in.rows;
   outs_ = in.outs;
@@ -684,8 +690,10 @@ void cuda_backend::copy_blocks(std::span<const std::pair<int32_t, int32_t>> src_
   const size_t room = words_host_.size() / 4 / 2 * 2;
   for (size_t at = 0; at < pairs.size();) {
     const size_t n = std::min(pairs.size() - at, room);
+    words_sent_->synchronize();
     std::memcpy(words_host_.data(), pairs.data() + at, n * 4);
     copy_to_device_async(words_, words_host_.data(), n * 4, stream_->handle());
+    words_sent_->record(stream_->handle());
     copy_kv_blocks(kv_, words_, static_cast<int32_t>(n / 2), stream_->handle());
     stream_->synchronize();
     at += n;
