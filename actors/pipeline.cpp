@@ -35,7 +35,8 @@ pipeline_options make_pipeline_options(const runtime_config& c, const resolved_l
   po.kv.blocks.n_blocks = geo.n_blocks;
   po.kv.blocks.block_size = geo.block_size;
   po.kv.blocks.prefix_caching = c.kv.prefix_caching;
-  po.kv.blocks.watermark_blocks = lim.kv_watermark_blocks;
+  // Of the pool the backend has (which it may have sized itself: lim.kv_blocks = 0).
+  po.kv.blocks.watermark_blocks = lim.kv_blocks > 0 ? lim.kv_watermark_blocks : watermark_blocks(c.kv.watermark, geo.n_blocks);
   po.engine.step_prior = model->cost_prior();
   po.shard.model = std::move(model);
   po.shard.simulated = c.backend.kind == backend_kind::sim;

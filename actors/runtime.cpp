@@ -79,12 +79,12 @@ std::shared_ptr<backend> make_backend(Impl& r) {
   r.lm = model::load(c.model.path);
   const model_config& mc = r.lm->config();
   const int64_t kv_bytes_per_token = int64_t{mc.n_layer} * mc.kv_dim() * 2 * 2;
-  r.lim = resolve_limits(c, {mc.n_ctx_train, kv_bytes_per_token});
+  r.lim = resolve_limits(c, {mc.n_ctx_train, kv_bytes_per_token, kind == backend_kind::cuda});
   if (kind == backend_kind::cuda) {
     cuda::cuda_backend_options o;
     o.devices = c.backend.cuda_devices;
     o.block_size = c.kv.block_size;
-    o.kv_blocks = r.lim.kv_blocks;
+    o.kv_blocks = r.lim.kv_blocks;  // 0: as many as the device's free memory holds
     o.max_step_tokens = c.engine.max_step_tokens;
     o.max_step_seqs = c.engine.max_step_seqs;
     o.max_context = r.lim.max_context;

@@ -1,15 +1,23 @@
-// cuda_decode: the CUDA backend end to end on a real model (SmolLM2 by default): prefill
-// tokens/s, decode tokens/s at batch 1 and aggregate at larger batches, and batch-1 decode's
-// bytes read per second (weights + KV) against the device's peak. SmolLM2 (98 MB, 30 layers of
-// 576) is far too small to be bound by memory on a GPU: each decode step is ~300 kernels of a
-// few microseconds. So the bar's measure, batch-1 decode at >= 60% of HBM bandwidth, is taken on
-// the same decode product chain at Llama-3-8B's shapes (32 layers, 4096 wide, FFN 14336, GQA
-// 8 KV heads; q4_0: 3.9 GB of weights a token), replayed from a CUDA graph as the backend's
-// decode steps are: norm + 8-bit quantization, QKV, output, gate|up, SwiGLU, down (attention
-// left out: at short contexts it reads little).
+// cuda_decode: the CUDA backend end to end. Three measures:
+//   1. a real model (SmolLM2 by default; skipped when its file is absent): prefill tokens/s,
+//      decode tokens/s at batch 1 and aggregate at larger batches, batch-1 decode's bytes read
+//      per second (weights + KV) against the device's peak. SmolLM2 (98 MB, 30 layers of 576) is
+//      far too small to be bound by memory on a GPU: a decode step is ~300 kernels of a few
+//      microseconds.
+//   2. the decode product chain alone at Llama-3-8B's shapes (norm + 8-bit quantization, QKV,
+//      output, gate|up, SwiGLU, down: 8 kernels a layer, replayed from a CUDA graph), labelled
+//      as such: no RoPE/KV writes, no attention, no split combine, no LM head.
+//   3. the bar's measure: batch-1 decode through cuda_backend::execute, the whole forward (the
+//      step's upload, embedding, every layer's kernels, final norm, LM head, argmax, the token's
+//      download; decode steps replayed from CUDA graphs), on a synthetic Llama-3-8B-shaped model
+//      in q4_0 (32 layers, 4096 wide, FFN 14336, GQA 8 KV heads, vocabulary 128,256: 4.2 GB of
+//      weights read a token, LM head included; a 4.5 GB file with the embedding table) written
+//      to a temporary GGUF file and removed once loaded; a short context (a 64-token prompt, 128
+//      generated). Achieved bandwidth = weight bytes read per token / time per token.
 //
 //   build/bench/cuda_decode [--model PATH] [--batches 1,32,256] [--prompt 128] [--tokens 128]
-//                           [--peak-gbs 4800] [--chain-layers 32]
+//                           [--peak-gbs 4800] [--chain-layers 32] [--synthetic-layers 32]
+//                           [--synthetic-dir DIR]
 //
 // Exit 77 where no CUDA device is present.
 #include <CLI/CLI.hpp>
@@ -19,7 +27,11 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gpu/cuda/cuda_backend.hpp"
@@ -56,6 +68,10 @@ int64_t decode_weight_bytes(const model& m) {
 }
 
 void model_runs(const std::string& path, const std::vector<int>& batches, int prompt, int tokens, double peak) {
+  if (!std::filesystem::exists(path)) {
+    std::printf("%s is absent (scripts/fetch-model): the real-model runs are skipped\n", path.c_str());
+    return;
+  }
   const auto m = model::load(path);
   const model_config& c = m->config();
   const int max_batch = *std::max_element(batches.begin(), batches.end());
@@ -98,6 +114,193 @@ void model_runs(const std::string& path, const std::vector<int>& batches, int pr
     std::printf("%6d %14.0f %14.0f %12.3f %12s %10s\n", b, s.prefill_tokens / s.prefill_seconds,
                 s.decode_tokens / s.decode_seconds, 1e3 * step, gbs.c_str(), share.c_str());
   }
+}
+
+// ---- a synthetic Llama-3-8B-shaped model, written as a GGUF file -------------------------------
+
+// GGUF (version 3) written as a stream: the header, metadata and tensor infos, then each
+// tensor's bytes from a generator, 32-byte aligned.
+class gguf_stream {
+ public:
+  enum : uint32_t { u32 = 4, i32 = 5, f32 = 6, string = 8, array = 9 };
+  struct tensor {
+    std::string name;
+    std::vector<uint64_t> dims;  // GGUF order: row width first
+    tensor_type type;
+    uint64_t bytes = 0;
+  };
+
+  void meta_u32(const std::string& key, uint32_t v) { key_of(key, u32), put(v); }
+  void meta_f32(const std::string& key, float v) { key_of(key, f32), put(v); }
+  void meta_string(const std::string& key, const std::string& v) { key_of(key, string), put_string(v); }
+  void meta_strings(const std::string& key, const std::vector<std::string>& v) {
+    key_of(key, array), put(uint32_t{string}), put(uint64_t{v.size()});
+    for (const std::string& x : v) put_string(x);
+  }
+  void meta_i32s(const std::string& key, const std::vector<int32_t>& v) {
+    key_of(key, array), put(uint32_t{i32}), put(uint64_t{v.size()});
+    for (int32_t x : v) put(x);
+  }
+  void add(tensor t) { tensors_.push_back(std::move(t)); }
+
+  // fill(t, out) writes tensor t's bytes (its GGUF blocks) into out.
+  template <class Fill>
+  void write(const std::filesystem::path& path, Fill fill) {
+    std::vector<uint8_t> head;
+    std::swap(head, out_);
+    put_bytes("GGUF", 4);
+    put(uint32_t{3});
+    put(uint64_t{tensors_.size()});
+    put(uint64_t{keys_});
+    out_.insert(out_.end(), head.begin(), head.end());
+    uint64_t offset = 0;
+    for (const tensor& t : tensors_) {
+      put_string(t.name);
+      put(static_cast<uint32_t>(t.dims.size()));
+      for (uint64_t d : t.dims) put(d);
+      put(static_cast<uint32_t>(t.type));
+      put(offset);
+      offset = (offset + t.bytes + 31) / 32 * 32;
+    }
+    out_.resize((out_.size() + 31) / 32 * 32, 0);
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f.write(reinterpret_cast<const char*>(out_.data()), static_cast<std::streamsize>(out_.size()));
+    std::vector<uint8_t> data;
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      data.assign((tensors_[i].bytes + 31) / 32 * 32, 0);
+      fill(tensors_[i], data.data());
+      f.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
+    }
+    if (!f) throw std::runtime_error("could not write " + path.string());
+  }
+
+ private:
+  void key_of(const std::string& key, uint32_t type) {
+    put_string(key);
+    put(type);
+    ++keys_;
+  }
+  template <class T>
+  void put(T v) {
+    put_bytes(&v, sizeof v);
+  }
+  void put_bytes(const void* p, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    out_.insert(out_.end(), b, b + n);
+  }
+  void put_string(const std::string& s) {
+    put(uint64_t{s.size()});
+    put_bytes(s.data(), s.size());
+  }
+  std::vector<uint8_t> out_;
+  uint64_t keys_ = 0;
+  std::vector<tensor> tensors_;
+};
+
+// Llama-3-8B's shapes with `layers` layers, every matrix (LM head too) in q4_0 with random
+// quants and scales of 2^-10 (finite sums all the way), norms of ones; a ChatML vocabulary of
+// 128,256 made-up tokens (the bench feeds token ids, the tokenizer is never used).
+void write_synthetic_llama(const std::filesystem::path& path, int layers) {
+  const uint64_t e = 4096, ff = 14336, kv = 1024, vocab = 128256;
+  gguf_stream g;
+  g.meta_string("general.architecture", "llama");
+  g.meta_string("general.name", "synthetic Llama-3-8B shapes (q4_0)");
+  g.meta_u32("llama.embedding_length", static_cast<uint32_t>(e));
+  g.meta_u32("llama.block_count", static_cast<uint32_t>(layers));
+  g.meta_u32("llama.attention.head_count", 32);
+  g.meta_u32("llama.attention.head_count_kv", 8);
+  g.meta_u32("llama.feed_forward_length", static_cast<uint32_t>(ff));
+  g.meta_u32("llama.context_length", 8192);
+  g.meta_f32("llama.rope.freq_base", 500000.0f);
+  g.meta_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  std::vector<std::string> tokens{"<|im_start|>", "<|im_end|>", "<|endoftext|>"};
+  std::vector<int32_t> types{3, 3, 3};
+  for (uint64_t i = tokens.size(); i < vocab; ++i) tokens.push_back("t" + std::to_string(i)), types.push_back(1);
+  g.meta_string("tokenizer.ggml.model", "gpt2");
+  g.meta_strings("tokenizer.ggml.tokens", tokens);
+  g.meta_i32s("tokenizer.ggml.token_type", types);
+  g.meta_strings("tokenizer.ggml.merges", {});
+  g.meta_string("tokenizer.chat_template",
+                "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}");
+  const auto q4 = [](std::string name, uint64_t cols, uint64_t rows) {
+    return gguf_stream::tensor{std::move(name), {cols, rows}, tensor_type::q4_0, rows * cols / 32 * 18};
+  };
+  const auto norm = [](std::string name, uint64_t n) {
+    return gguf_stream::tensor{std::move(name), {n}, tensor_type::f32, n * 4};
+  };
+  g.add(q4("token_embd.weight", e, vocab));
+  g.add(norm("output_norm.weight", e));
+  g.add(q4("output.weight", e, vocab));
+  for (int l = 0; l < layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    g.add(norm(p + "attn_norm.weight", e));
+    g.add(q4(p + "attn_q.weight", e, e));
+    g.add(q4(p + "attn_k.weight", e, kv));
+    g.add(q4(p + "attn_v.weight", e, kv));
+    g.add(q4(p + "attn_output.weight", e, e));
+    g.add(norm(p + "ffn_norm.weight", e));
+    g.add(q4(p + "ffn_gate.weight", e, ff));
+    g.add(q4(p + "ffn_up.weight", e, ff));
+    g.add(q4(p + "ffn_down.weight", ff, e));
+  }
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  g.write(path, [&](const gguf_stream::tensor& t, uint8_t* out) {
+    if (t.type == tensor_type::f32) {  // a norm
+      const float one = 1.0f;
+      for (uint64_t i = 0; i + 4 <= t.bytes; i += 4) std::memcpy(out + i, &one, 4);
+      return;
+    }
+    for (uint64_t b = 0; b < t.bytes; b += 18) {  // q4_0 blocks: fp16 d, then 16 bytes of quants
+      out[b] = 0x00, out[b + 1] = 0x14;       // d = 2^-10
+      for (int k = 0; k < 16; k += 8) {
+        state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+        std::memcpy(out + b + 2 + k, &state, 8);
+      }
+    }
+  });
+}
+
+// Batch-1 decode through the backend's execute on the synthetic 8B-shaped model.
+void synthetic_run(const std::filesystem::path& dir, int layers, int prompt, int tokens, double peak) {
+  const std::filesystem::path path = dir / "tireless-cuda-decode-synthetic-8b.gguf";
+  const auto t0 = clk::now();
+  write_synthetic_llama(path, layers);
+  const double write_s = seconds_since(t0);
+  std::shared_ptr<const model> m;
+  try {
+    m = model::load(path);
+  } catch (...) {
+    std::filesystem::remove(path);
+    throw;
+  }
+  cuda::cuda_backend_options o;
+  o.max_context = prompt + tokens;
+  o.max_step_seqs = 1;
+  o.max_step_tokens = prompt;
+  o.kv_blocks = (o.max_context + o.block_size - 1) / o.block_size;
+  std::unique_ptr<backend> be;
+  try {
+    be = cuda::make_cuda_backend(m, o);
+  } catch (...) {
+    std::filesystem::remove(path);
+    throw;
+  }
+  std::filesystem::remove(path);  // uploaded; the mapping goes with the model
+  const int64_t weights = decode_weight_bytes(*m);
+  std::printf("\n%s: %s (file written in %.1f s)\n", m->config().name.c_str(), be->describe().c_str(), write_s);
+  generation_request r;
+  r.prompt = prompt_of(prompt, 0, m->config().n_vocab);
+  r.max_tokens = tokens;
+  sequence_runner(*be).run({r});  // warm: the 1-sequence graph captured
+  sequence_runner runner(*be);
+  runner.run({r});
+  const runner_stats& s = runner.stats();
+  const double step = s.decode_seconds / static_cast<double>(s.decode_tokens);
+  const double gbs = static_cast<double>(weights) / step / 1e9;
+  std::printf("batch-1 decode, the whole forward through cuda_backend::execute (%d layers, q4_0, %.2f GB of weights a "
+              "token with the LM head; prompt %d, %d generated, CUDA graphs):\n  %.3f ms/token, %.0f tok/s, %.0f GB/s "
+              "= %.1f%% of %.0f GB/s\n",
+              layers, weights / 1e9, prompt, tokens, 1e3 * step, 1.0 / step, gbs, 100.0 * gbs / peak, peak);
 }
 
 // One decode token through `layers` layers of Llama-3-8B's products, batch 1, q4_0 weights.
@@ -168,8 +371,10 @@ void chain_run(int layers, double peak, int iters) {
   st.synchronize();
   const double per_token = seconds_since(t0) / iters;
   const double gbs = static_cast<double>(bytes) / per_token / 1e9;
-  std::printf("\nbatch-1 decode product chain at Llama-3-8B's shapes (%d layers, q4_0, %.2f GB of weights a token, "
-              "CUDA graph):\n  %.3f ms/token, %.0f tok/s, %.0f GB/s = %.1f%% of %.0f GB/s\n",
+  // Labelled apart from the whole forward's line (synthetic_run), which scripts/gpu-check reads.
+  std::printf("\nthe product chain alone at Llama-3-8B's shapes (%d layers, q4_0, %.2f GB of weights a token; 8 kernels "
+              "a layer: no RoPE/KV writes, attention, combine or LM head; CUDA graph):\n  %.3f ms/token, %.0f tok/s, "
+              "%.0f GB/s, %.1f%% of %.0f GB/s\n",
               layers, bytes / 1e9, 1e3 * per_token, 1.0 / per_token, gbs, 100.0 * gbs / peak, peak);
 }
 
@@ -180,7 +385,8 @@ int main(int argc, char** argv) {
   std::string model_path =
       std::string(std::getenv("HOME") ? std::getenv("HOME") : ".") + "/.cache/tireless/models/SmolLM2-135M-Instruct.Q4_1.gguf";
   std::vector<int> batches{1, 32, 256};
-  int prompt = 128, tokens = 128, layers = 32, iters = 50;
+  int prompt = 128, tokens = 128, layers = 32, iters = 50, synthetic_layers = 32;
+  std::string synthetic_dir = std::filesystem::temp_directory_path().string();
   double peak = 4800;
   app.add_option("--model", model_path)->capture_default_str();
   app.add_option("--batches", batches, "sequences decoded at once")->delimiter(',');
@@ -190,6 +396,10 @@ int main(int argc, char** argv) {
   app.add_option("--chain-layers", layers, "layers of the 8B-shaped product chain; 0: skip it")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--chain-iters", iters)->check(CLI::PositiveNumber);
+  app.add_option("--synthetic-layers", synthetic_layers,
+                 "layers of the synthetic 8B-shaped model run through the backend (a 4.5 GB file at 32); 0: skip it")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--synthetic-dir", synthetic_dir, "where its temporary GGUF file goes")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   std::string why;
   if (!cuda::cuda_available(&why)) {
@@ -199,6 +409,7 @@ int main(int argc, char** argv) {
   try {
     model_runs(model_path, batches, prompt, tokens, peak);
     if (layers > 0) chain_run(layers, peak, iters);
+    if (synthetic_layers > 0) synthetic_run(synthetic_dir, synthetic_layers, 64, 128, peak);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cuda_decode: %s\n", e.what());
     return 1;

@@ -239,6 +239,7 @@ kv_settings read_kv(table_reader& r) {
   }
   r.read("blocks", s.blocks, {0, int64_t{1} << 30, "blocks; 0 = derive from memory_mb"});
   const bool memory_given = r.read("memory_mb", s.memory_mb, {1, int64_t{1} << 24, "MiB"});
+  s.memory_mb_given = memory_given;
   r.read("prefix_caching", s.prefix_caching);
   r.read("watermark", s.watermark, {0.0, 0.5, true});
   if (memory_given && s.blocks > 0)

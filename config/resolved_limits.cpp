@@ -42,12 +42,18 @@ resolved_limits resolve_limits(const runtime_config& config, const model_facts& 
                         config.admission.default_max_tokens, out.max_context, out.max_context - 1));
   }
 
+  if (model.backend_sizes_kv && config.kv.blocks == 0 && !config.kv.memory_mb_given) {
+    // The device's free memory sizes the pool; the backend refuses one that cannot hold a
+    // max_context sequence.
+    if (!problems.empty()) throw config_error(std::move(problems));
+    return out;
+  }
   const int64_t block_bytes = int64_t{config.kv.block_size} * model.kv_bytes_per_token;
   const int64_t blocks = config.kv.blocks > 0
                              ? config.kv.blocks
                              : config.kv.memory_mb * (int64_t{1} << 20) / block_bytes;
   out.kv_blocks = static_cast<int32_t>(std::min<int64_t>(blocks, INT32_MAX));
-  out.kv_watermark_blocks = static_cast<int32_t>(std::floor(config.kv.watermark * out.kv_blocks));
+  out.kv_watermark_blocks = watermark_blocks(config.kv.watermark, out.kv_blocks);
   const int64_t sequence_blocks =
       (out.max_context + config.kv.block_size - 1) / config.kv.block_size;
   if (out.kv_blocks - out.kv_watermark_blocks < sequence_blocks) {
@@ -69,6 +75,10 @@ resolved_limits resolve_limits(const runtime_config& config, const model_facts& 
   }
   if (!problems.empty()) throw config_error(std::move(problems));
   return out;
+}
+
+int32_t watermark_blocks(double watermark, int32_t blocks) {
+  return static_cast<int32_t>(std::floor(watermark * blocks));
 }
 
 }  // namespace tireless

@@ -142,8 +142,9 @@ struct fault_settings {
 
 struct kv_settings {
   int32_t block_size = 16;  // tokens per block: 8, 16, 32 or 64
-  int32_t blocks = 0;       // 0 = as many as memory_mb holds
+  int32_t blocks = 0;       // 0 = as many as memory_mb holds (CUDA without memory_mb: the device's)
   int64_t memory_mb = 256;  // MiB of KV, used when blocks = 0 (SmolLM2: ~11.6k tokens)
+  bool memory_mb_given = false;  // memory_mb is in the file (not the default)
   bool prefix_caching = true;
   double watermark = 0.01;  // fraction of blocks kept free for running sequences to grow
 };

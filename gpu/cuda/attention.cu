@@ -15,8 +15,13 @@ namespace tireless::cuda {
 namespace detail {
 namespace {
 
-constexpr int rows_per_warp = attention_tile_rows / (attention_threads / 32);
-static_assert(rows_per_warp * (attention_threads / 32) == attention_tile_rows, "4 warps of 4 rows make a tile");
+constexpr int warps_of_block = attention_threads / 32;
+constexpr int rows_per_warp = attention_tile_rows / warps_of_block;
+static_assert(rows_per_warp * warps_of_block == attention_tile_rows, "4 warps of 4 rows make a tile");
+
+// Row i of warp w is row i * 4 + w of the tile: rows go round the warps, so that a decode
+// token's GQA group (4 rows, often) gives every warp one, and a warp's live rows come first.
+__device__ __forceinline__ int tile_row(int warp, int i) { return i * warps_of_block + warp; }
 
 // What an item covers, read from the step's inputs.
 struct item_view {
@@ -43,15 +48,19 @@ __device__ __forceinline__ item_view read_item(const step_view& st, int item, in
 // Shared memory: q [16][hd] f32, then K [2][hd][32] and V [2][32][hd] fp16.
 size_t attention_shared(int hd) { return static_cast<size_t>(attention_tile_rows) * hd * 4 + 2u * 2u * hd * attention_keys * 2; }
 
-template <int EPL>  // head_dim <= 32 * EPL
-__global__ void __launch_bounds__(attention_threads) attention_kernel(const float* qkv, int64_t ldq, float* out, int64_t ldo,
-                                                                      step_view st, attention_shape a, kv_cache kv,
-                                                                      int32_t layer, int32_t splits, float* partial) {
+// head_dim <= 32 * EPL. At most 128 registers (4 blocks a multiprocessor), none spilled.
+template <int EPL>
+__global__ void __launch_bounds__(attention_threads, 4)
+    attention_kernel(const float* qkv, int64_t ldq, float* out, int64_t ldo, step_view st, attention_shape a,
+                     kv_cache kv, int32_t layer, int32_t splits, float* partial) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int hd = a.head_dim, group = a.n_head / a.n_head_kv, bs = kv.block_size;
   const int item = blockIdx.x, split = blockIdx.y;
   const item_view it = read_item(st, item, group);
   if (it.seq < 0) return;  // the whole block: a padding item
+  // The splits this item's context needs, of the launch's (graph-legal: read from the step).
+  const int used = attention_item_splits(splits, it.max_pos + 1);
+  if (split >= used) return;  // the whole block: a split this context does not need
   float* qs = reinterpret_cast<float*>(smem);
   __half* ks = reinterpret_cast<__half*>(smem + static_cast<size_t>(attention_tile_rows) * hd * 4);
   __half* vs = ks + 2 * hd * attention_keys;
@@ -94,11 +103,13 @@ __global__ void __launch_bounds__(attention_threads) attention_kernel(const floa
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int pos[rows_per_warp];
   bool live[rows_per_warp];
+  int n_live = 0;  // live rows come first: rows 0 .. n_live - 1 of the warp
   float m[rows_per_warp], l[rows_per_warp], acc[rows_per_warp][EPL];
 #pragma unroll
   for (int i = 0; i < rows_per_warp; ++i) {
-    const int row = it.first + warp * rows_per_warp + i;
+    const int row = it.first + tile_row(warp, i);
     live[i] = row < it.q_rows;
+    n_live += live[i] ? 1 : 0;
     pos[i] = it.start + row / group;
     m[i] = -INFINITY;
     l[i] = 0.0f;
@@ -108,16 +119,20 @@ __global__ void __launch_bounds__(attention_threads) attention_kernel(const floa
 
   if (split < tiles) issue(split, 0);
   cp_async_commit();
-  for (int kt = split, n = 0; kt < tiles; kt += splits, ++n) {
+  for (int kt = split, n = 0; kt < tiles; kt += used, ++n) {
     const int buf = n & 1;
-    if (kt + splits < tiles) {
-      issue(kt + splits, buf ^ 1);  // buf ^ 1 was last read before the barrier that ended the previous tile
+    if (kt + used < tiles) {
+      issue(kt + used, buf ^ 1);  // buf ^ 1 was last read before the barrier that ended the previous tile
       cp_async_commit();
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();
+    if (n_live == 0) {  // a warp of dead rows only loads and waits (warp-uniform)
+      __syncthreads();
+      continue;
+    }
     const int key0 = kt * attention_keys;
     const __half* kb = ks + buf * hd * attention_keys;
     const __half* vb = vs + buf * hd * attention_keys;
@@ -127,7 +142,9 @@ __global__ void __launch_bounds__(attention_threads) attention_kernel(const floa
     for (int e = 0; e < hd; ++e) {
       const float k = __half2float(kb[e * attention_keys + lane]);
 #pragma unroll
-      for (int i = 0; i < rows_per_warp; ++i) s[i] = fmaf(qs[(warp * rows_per_warp + i) * hd + e], k, s[i]);
+      for (int i = 0; i < rows_per_warp; ++i) {
+        if (i < n_live) s[i] = fmaf(qs[tile_row(warp, i) * hd + e], k, s[i]);  // dead rows: no products
+      }
     }
 #pragma unroll
     for (int i = 0; i < rows_per_warp; ++i) {
@@ -157,8 +174,8 @@ __global__ void __launch_bounds__(attention_threads) attention_kernel(const floa
 #pragma unroll
   for (int i = 0; i < rows_per_warp; ++i) {
     if (!live[i]) continue;
-    const int r = warp * rows_per_warp + i, row = it.first + r;
-    if (splits == 1) {
+    const int r = tile_row(warp, i), row = it.first + r;
+    if (used == 1) {
       const int tok = row / group, head = it.kv_head * group + row % group;
       float* o = out + static_cast<int64_t>(it.seq_row + tok) * ldo + head * hd;
       const float inv = __fdiv_rn(1.0f, l[i]);
@@ -182,22 +199,25 @@ __global__ void __launch_bounds__(attention_threads) attention_kernel(const floa
   }
 }
 
-// One block per item: out = Σ_s e^(m_s - M) acc_s / Σ_s e^(m_s - M) l_s.
+// One block per item: out = Σ_s e^(m_s - M) acc_s / Σ_s e^(m_s - M) l_s over the splits the
+// item used (one: its output is written already).
 __global__ void combine_kernel(float* out, int64_t ldo, step_view st, attention_shape a, int32_t splits,
                                const float* partial) {
   const int hd = a.head_dim, group = a.n_head / a.n_head_kv;
   const int item = blockIdx.x;
   const item_view it = read_item(st, item, group);
   if (it.seq < 0) return;
+  const int used = attention_item_splits(splits, it.max_pos + 1);
+  if (used == 1) return;
   for (int i = threadIdx.x; i < attention_tile_rows * hd; i += blockDim.x) {
     const int r = i / hd, e = i % hd, row = it.first + r;
     if (row >= it.q_rows) continue;
     const float* p = partial + (static_cast<int64_t>(item) * splits * attention_tile_rows + r) * (hd + 2);
     const int64_t split_stride = static_cast<int64_t>(attention_tile_rows) * (hd + 2);
     float big = -INFINITY;
-    for (int s = 0; s < splits; ++s) big = fmaxf(big, p[s * split_stride + hd]);
+    for (int s = 0; s < used; ++s) big = fmaxf(big, p[s * split_stride + hd]);
     float sum = 0.0f, v = 0.0f;
-    for (int s = 0; s < splits; ++s) {
+    for (int s = 0; s < used; ++s) {
       const float* q = p + s * split_stride;
       const float w = expf(q[hd] - big);  // a split that saw no key: e^-inf = 0
       sum = fmaf(w, q[hd + 1], sum);

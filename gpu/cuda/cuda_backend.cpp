@@ -26,7 +26,14 @@ bool cuda_available(std::string* why) { return device_available(why); }
 
 namespace {
 
-// A typed slice of one device allocation.
+// A slice of the workspace, as the plan laid it out (workspace_of); empty slices: nullptr.
+template <class T>
+T* slice_of(const device_buffer& b, const workspace_slice& s) {
+  if (s.at < 0 || s.end() > static_cast<int64_t>(b.size())) throw std::logic_error("cuda_backend: a workspace slice past its end");
+  return s.bytes > 0 ? reinterpret_cast<T*>(static_cast<char*>(b.data()) + s.at) : nullptr;
+}
+
+// A typed slice of one device allocation, the next after `at` (a peer rank's buffers).
 template <class T>
 T* carve(device_buffer& b, size_t& at, int64_t count) {
   at = (at + 255) / 256 * 256;
@@ -66,7 +73,11 @@ struct peer_rank {
   std::vector<expert_layer> experts;
   device_buffer memory;
   expert_space space;
+  // Its experts' offsets on their way up, a slot [n_experts + 1] per layer; offsets_sent[layer]
+  // is recorded after that slot's copy, and waited for before the host writes the slot again
+  // (a step later): no host write can meet a copy still reading it.
   pinned_buffer offsets_host;
+  std::vector<event> offsets_sent;
 };
 
 class cuda_backend final : public backend {
@@ -88,6 +99,7 @@ class cuda_backend final : public backend {
   void allocate_workspace();
   void set_up_expert_group();
   step_view view_of_step(const step_inputs& in) const;
+  int32_t checked_splits(int32_t splits, const step_inputs& in) const;
   void forward(const step_view& st, int32_t splits);
   void attention_block(int layer, const step_view& st, int32_t splits);
   void ffn_block(int layer, const step_view& st);
@@ -107,7 +119,9 @@ class cuda_backend final : public backend {
   std::vector<expert_layer> experts_;  // this device's experts (rank 0's range)
   std::vector<peer_rank> peers_;
   std::unique_ptr<nccl_group> nccl_;
+  memory_request request_;
   memory_plan plan_;
+  workspace_layout layout_;  // of the workspace: the plan's, carved as it says
   device_info device_;
 
   device_buffer k_pool_, v_pool_;
@@ -130,6 +144,9 @@ class cuda_backend final : public backend {
   std::vector<int32_t> buckets_;
 
   pinned_buffer words_host_, argmax_host_, logits_host_, offsets_host_;
+  // Recorded after each copy out of words_host_, waited for before the host writes it again
+  // (a step that threw may have left its copy pending).
+  std::unique_ptr<event> words_sent_;
   std::map<int32_t, std::unique_ptr<graph>> graphs_;
   std::set<int32_t> warmed_, uncapturable_;
   int32_t rows_ = 0;  // of the step being run (padded)
@@ -179,8 +196,9 @@ cuda_backend::cuda_backend(std::shared_ptr<const model> m, const cuda_backend_op
   stream_ = std::make_unique<stream>();
   blas_ = std::make_unique<blas>(stream_->handle());
 
-  if (o_.kv_blocks <= 0) o_.kv_blocks = (o_.max_context + o_.block_size - 1) / o_.block_size;
-  memory_request r;
+  // kv_blocks 0: the plan gives the pool what weights, workspace and reserve leave of the
+  // device's free memory; more blocks than fit are refused, saying how many do.
+  memory_request& r = request_;
   r.device_bytes = device_.free_bytes;
   const int32_t local_experts = c_.is_moe() ? group_.first_expert[1] - group_.first_expert[0] : 0;
   r.weight_bytes = weight_bytes(*model_, true, 0, local_experts);
@@ -190,11 +208,12 @@ cuda_backend::cuda_backend(std::shared_ptr<const model> m, const cuda_backend_op
   r.max_step_seqs = o_.max_step_seqs;
   r.max_context = o_.max_context;
   r.hidden = c_.n_embd, r.ffn = c_.n_ff, r.vocab = c_.n_vocab, r.q_dim = c_.q_dim(), r.kv_dim = c_.kv_dim();
-  r.n_head = c_.n_head, r.n_head_kv = c_.n_head_kv;
+  r.n_head = c_.n_head, r.n_head_kv = c_.n_head_kv, r.n_layer = c_.n_layer;
   r.multiprocessors = device_.multiprocessors;
   r.n_expert = c_.n_expert, r.n_expert_used = c_.n_expert_used;
-  r.kv_blocks = o_.kv_blocks;
+  r.kv_blocks = std::max(o_.kv_blocks, 0);
   plan_ = plan_memory(r);
+  layout_ = workspace_of(r);
 
   w_ = upload_dense_weights(*model_);
   if (c_.is_moe()) experts_ = upload_experts(*model_, 0, local_experts);
@@ -239,58 +258,45 @@ cuda_backend::~cuda_backend() {
   }
 }
 
+// The one workspace allocation, carved as the plan laid it out: what the plan set aside is
+// what is allocated.
 void cuda_backend::allocate_workspace() {
-  const int64_t rows = o_.max_step_tokens;
-  const int64_t seqs = std::min(o_.max_step_seqs, o_.max_step_tokens);
-  const int64_t e = c_.n_embd, ff = c_.n_ff, k = std::max(c_.n_expert_used, 1);
-  const int64_t pairs = c_.is_moe() ? rows * k : 0;
-  const int64_t ffn_rows = std::max(rows, pairs);
-  const int64_t widest = std::max({e, int64_t{c_.q_dim()}, ff});
-  const int64_t words = max_step_words(o_.max_step_tokens, static_cast<int32_t>(seqs), o_.max_context, sshape_);
-  // attention_splits keeps items x splits below 3 x the multiprocessors.
-  const int64_t partial = attention_partial_floats(3 * device_.multiprocessors, 1, c_.head_dim);
-  const int64_t halves_bytes = ffn_rows * widest * 2;
-  // Sizes with room for the 256-byte alignment of each slice.
-  int64_t bytes = 64 * 256;
-  bytes += (2 * rows * e + rows * qkv_ld_ + rows * c_.q_dim() + seqs * c_.n_vocab + partial) * 4;
-  bytes += (ffn_rows * 2 * ff + ffn_rows * ff) * 4 + ffn_rows * ((widest + 31) / 32) * (32 + 8) + halves_bytes;
-  bytes += (seqs + words) * 4;
-  if (c_.is_moe()) {
-    // router logits and gates; chosen, pair_row, slot_pair and offsets; the pairs' inputs and outputs
-    bytes += (rows * c_.n_expert + rows * k) * 4 + (rows * k * 3 + c_.n_expert + 1) * 4 + 2 * pairs * e * 4;
-    bytes += int64_t{c_.n_layer} * c_.n_expert * 8;
-  }
-  work_ = device_buffer(static_cast<size_t>(bytes));
-  size_t at = 0;
-  x_ = carve<float>(work_, at, rows * e);
-  h_ = carve<float>(work_, at, rows * e);
-  qkv_ = carve<float>(work_, at, rows * qkv_ld_);
-  att_ = carve<float>(work_, at, rows * c_.q_dim());
-  logits_ = carve<float>(work_, at, seqs * c_.n_vocab);
-  partial_ = carve<float>(work_, at, partial);
-  moe_.ffn_in = carve<float>(work_, at, ffn_rows * 2 * ff);
-  moe_.act = carve<float>(work_, at, ffn_rows * ff);
-  q8_ = carve_q8(work_, at, ffn_rows, widest);
+  const workspace_layout& l = layout_;
+  if (l.total != plan_.activations) throw std::logic_error("cuda_backend: the workspace differs from the memory plan's");
+  work_ = device_buffer(static_cast<size_t>(l.total));
+  x_ = slice_of<float>(work_, l.x);
+  h_ = slice_of<float>(work_, l.h);
+  qkv_ = slice_of<float>(work_, l.qkv);
+  att_ = slice_of<float>(work_, l.att);
+  logits_ = slice_of<float>(work_, l.logits);
+  partial_ = slice_of<float>(work_, l.partial);
+  moe_.ffn_in = slice_of<float>(work_, l.ffn_in);
+  moe_.act = slice_of<float>(work_, l.ffn_act);
+  q8_.q = slice_of<int8_t>(work_, l.q8_q);
+  q8_.d = slice_of<float>(work_, l.q8_d);
+  q8_.s = slice_of<float>(work_, l.q8_s);
   moe_.q8 = q8_;
   scratch_.cublas = blas_.get();
-  scratch_.halves = carve<uint16_t>(work_, at, halves_bytes / 2);
-  scratch_.halves_bytes = static_cast<size_t>(halves_bytes);
-  argmax_ = carve<int32_t>(work_, at, seqs);
-  words_ = carve<int32_t>(work_, at, words);
+  scratch_.halves = slice_of<uint16_t>(work_, l.halves);
+  scratch_.halves_bytes = static_cast<size_t>(l.halves.bytes);
+  argmax_ = slice_of<int32_t>(work_, l.argmax);
+  words_ = slice_of<int32_t>(work_, l.inputs);
   if (c_.is_moe()) {
-    router_ = carve<float>(work_, at, rows * c_.n_expert);
-    gates_ = carve<float>(work_, at, rows * k);
-    chosen_ = carve<int32_t>(work_, at, rows * k);
-    pair_row_ = carve<int32_t>(work_, at, rows * k);
-    slot_pair_ = carve<int32_t>(work_, at, rows * k);
-    offsets_ = carve<int32_t>(work_, at, c_.n_expert + 1);
-    moe_.x = carve<float>(work_, at, pairs * e);
-    moe_.y = carve<float>(work_, at, pairs * e);
+    router_ = slice_of<float>(work_, l.router);
+    gates_ = slice_of<float>(work_, l.gates);
+    chosen_ = slice_of<int32_t>(work_, l.chosen);
+    pair_row_ = slice_of<int32_t>(work_, l.pair_row);
+    slot_pair_ = slice_of<int32_t>(work_, l.slot_pair);
+    offsets_ = slice_of<int32_t>(work_, l.offsets);
+    moe_.x = slice_of<float>(work_, l.pairs_in);
+    moe_.y = slice_of<float>(work_, l.pairs_out);
     moe_.offsets = offsets_;
-    counts_ = carve<unsigned long long>(work_, at, int64_t{c_.n_layer} * c_.n_expert);
+    counts_ = slice_of<unsigned long long>(work_, l.counts);
   }
   work_.zero();
-  words_host_ = pinned_buffer(static_cast<size_t>(words) * 4);
+  const int64_t seqs = std::min(o_.max_step_seqs, o_.max_step_tokens);
+  words_host_ = pinned_buffer(static_cast<size_t>(l.inputs.bytes));
+  words_sent_ = std::make_unique<event>();
   argmax_host_ = pinned_buffer(static_cast<size_t>(seqs) * 4);
   logits_host_ = pinned_buffer(static_cast<size_t>(seqs) * c_.n_vocab * 4);
   if (c_.is_moe()) offsets_host_ = pinned_buffer(static_cast<size_t>(c_.n_expert + 1) * 4);
@@ -319,7 +325,8 @@ void cuda_backend::set_up_expert_group() {
     p.space.act = carve<float>(p.memory, at, pairs * ff);
     p.space.q8 = carve_q8(p.memory, at, pairs, widest);
     p.space.offsets = carve<int32_t>(p.memory, at, p.n_experts + 1);
-    p.offsets_host = pinned_buffer(static_cast<size_t>(p.n_experts + 1) * 4);
+    p.offsets_host = pinned_buffer(static_cast<size_t>(c_.n_layer) * (p.n_experts + 1) * 4);
+    p.offsets_sent.resize(static_cast<size_t>(c_.n_layer));  // events of this device
     synchronize();
     peers_.push_back(std::move(p));
   }
@@ -410,14 +417,20 @@ void cuda_backend::execute(const step_batch& b, step_result& result) {
   const bool graphed = o_.graphs && !group_.exchanges();
   const int32_t bucket = graphed ? graph_bucket_for(b, buckets_) : -1;
   const step_inputs in = pack_step(b, sshape_, bucket > 0 ? bucket : 0);
+  if (static_cast<int64_t>(in.words.size()) * 4 > layout_.inputs.bytes) {
+    throw std::logic_error("cuda_backend: a step's inputs outgrew max_step_words");
+  }
+  words_sent_->synchronize();
   std::memcpy(words_host_.data(), in.words.data(), in.words.size() * 4);
   copy_to_device_async(words_, words_host_.data(), in.words.size() * 4, stream_->handle());
+  words_sent_->record(stream_->handle());
   const step_view st = view_of_step(in);
   rows_ = in.rows;
   outs_ = in.outs;
   if (bucket > 0) {
-    // A graph's shape is its bucket's; its splits cover the longest context there may be.
-    const int32_t splits = attention_splits(in.items, o_.max_context, device_.multiprocessors);
+    // A graph's shape is its bucket's: its grid has the splits of the longest context there
+    // may be, and each item uses only the splits its own context needs (read on the device).
+    const int32_t splits = checked_splits(attention_splits(in.items, o_.max_context, device_.multiprocessors), in);
     std::unique_ptr<graph>& g = graphs_[bucket];
     if (!g) g = std::make_unique<graph>();
     if (g->ready()) {
@@ -455,9 +468,16 @@ void cuda_backend::execute(const step_batch& b, step_result& result) {
   } else {
     int32_t longest = 0;
     for (const sequence_step& s : b.seqs) longest = std::max(longest, s.start_pos + static_cast<int32_t>(s.tokens.size()));
-    forward(st, attention_splits(in.items, longest, device_.multiprocessors));
+    forward(st, checked_splits(attention_splits(in.items, longest, device_.multiprocessors), in));
   }
   results(b, in, result);
+}
+
+int32_t cuda_backend::checked_splits(int32_t splits, const step_inputs& in) const {
+  if (splits > 1 && attention_partial_floats(in.items, splits, c_.head_dim) * 4 > layout_.partial.bytes) {
+    throw std::logic_error("cuda_backend: split attention outgrew its partial-results buffer");
+  }
+  return splits;
 }
 
 void cuda_backend::forward(const step_view& st, int32_t splits) {
@@ -577,8 +597,12 @@ void cuda_backend::experts_across(int layer, const step_view&) {
   };
   for (peer_rank& p : peers_) {
     set_device(p.device);
-    local(p.first_expert, p.n_experts, p.offsets_host.as<int32_t>());
-    copy_to_device_async(p.space.offsets, p.offsets_host.data(), static_cast<size_t>(p.n_experts + 1) * 4, p.s->handle());
+    // This layer's slot was last read by the copy of a step ago (long done, as a rule).
+    int32_t* slot = p.offsets_host.as<int32_t>() + static_cast<int64_t>(layer) * (p.n_experts + 1);
+    p.offsets_sent[layer].synchronize();
+    local(p.first_expert, p.n_experts, slot);
+    copy_to_device_async(p.space.offsets, slot, static_cast<size_t>(p.n_experts + 1) * 4, p.s->handle());
+    p.offsets_sent[layer].record(p.s->handle());
     const int32_t pairs = offsets[p.first_expert + p.n_experts] - offsets[p.first_expert];
     const product_scratch none{};
     experts_here(p.experts[layer], p.space, p.space.offsets, p.n_experts, pairs, p.space.x, p.s->handle(), none);
@@ -666,8 +690,10 @@ void cuda_backend::copy_blocks(std::span<const std::pair<int32_t, int32_t>> src_
   const size_t room = words_host_.size() / 4 / 2 * 2;
   for (size_t at = 0; at < pairs.size();) {
     const size_t n = std::min(pairs.size() - at, room);
+    words_sent_->synchronize();
     std::memcpy(words_host_.data(), pairs.data() + at, n * 4);
     copy_to_device_async(words_, words_host_.data(), n * 4, stream_->handle());
+    words_sent_->record(stream_->handle());
     copy_kv_blocks(kv_, words_, static_cast<int32_t>(n / 2), stream_->handle());
     stream_->synchronize();
     at += n;

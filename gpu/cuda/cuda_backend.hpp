@@ -22,7 +22,8 @@ namespace tireless::cuda {
 struct cuda_backend_options {
   std::vector<int32_t> devices;    // CUDA device ids, rank order; empty: {0}. Several: MoE only
   int32_t block_size = 16;         // tokens per KV block, a multiple of 8
-  int32_t kv_blocks = 0;           // blocks in the pool; 0: enough for max_context tokens
+  int32_t kv_blocks = 0;           // blocks in the pool (refused if they do not fit); 0: as many as
+                                   // the device's free memory holds past weights, workspace, reserve
   int32_t max_step_tokens = 512;   // tokens per step
   int32_t max_step_seqs = 256;     // sequences per step
   int32_t max_context = 0;         // 0: the model's training context

@@ -19,40 +19,60 @@ std::string memory_plan::describe() const {
                      gib(total()));
 }
 
-workspace_sizes workspace_of(const memory_request& r) {
+workspace_layout workspace_of(const memory_request& r) {
   const int64_t rows = r.max_step_tokens;
   const int64_t seqs = std::min<int64_t>(r.max_step_seqs, r.max_step_tokens);
-  const int64_t pairs = r.n_expert > 0 ? rows * std::max(r.n_expert_used, 1) : 0;
-  const int64_t ffn_rows = r.n_expert > 0 ? pairs : rows;
+  const bool moe = r.n_expert > 0;
+  const int64_t k = std::max(r.n_expert_used, 1);
+  const int64_t pairs = moe ? rows * k : 0;
+  const int64_t ffn_rows = std::max(rows, pairs);
   const int64_t widest = std::max({r.hidden, r.q_dim, r.ffn});
-  const int64_t q8_rows = std::max(rows, pairs);
-  workspace_sizes w;
-  w.x = rows * r.hidden * 4;
-  w.h = rows * r.hidden * 4;
-  w.qkv = rows * (r.q_dim + 2 * r.kv_dim) * 4;
-  w.att = rows * r.q_dim * 4;
-  w.ffn_in = ffn_rows * 2 * r.ffn * 4;
-  w.ffn_act = ffn_rows * r.ffn * 4;
-  w.q8 = q8_rows * ((widest + 31) / 32) * (32 + 4 + 4);
-  w.halves = q8_rows * widest * 2;
-  if (r.n_expert > 0) {
-    // router logits; chosen and gates; pair order, pair of each slot, offsets and tiles;
-    // expert outputs; their weighted sum.
-    w.moe = rows * r.n_expert * 4 + 2 * pairs * 4 + 4 * pairs * 4 + 4 * (int64_t{r.n_expert} + 1) * 4 +
-            pairs * r.hidden * 4 + rows * r.hidden * 4;
-  }
-  w.logits = seqs * r.vocab * 4 + seqs * 4;
+  const int64_t blocks = (widest + 31) / 32;
+  const int64_t head_dim = r.q_dim / std::max(r.n_head, 1);
   step_shape shape;
   shape.block_size = r.block_size;
   shape.n_head_kv = std::max(r.n_head_kv, 1);
   shape.group = std::max(r.n_head / shape.n_head_kv, 1);
-  w.inputs = max_step_words(r.max_step_tokens, static_cast<int32_t>(seqs), r.max_context, shape) * 4;
-  const int64_t head_dim = r.q_dim / std::max(r.n_head, 1);
-  w.attention = 3 * int64_t{r.multiprocessors} * attention_tile_rows * (head_dim + 2) * 4;
+  const int64_t words = max_step_words(r.max_step_tokens, static_cast<int32_t>(seqs), r.max_context, shape);
+
+  workspace_layout w;
+  int64_t at = 0;
+  const auto slice = [&](int64_t bytes) {
+    at = (at + 255) / 256 * 256;
+    const workspace_slice s{at, bytes};
+    at += bytes;
+    return s;
+  };
+  w.x = slice(rows * r.hidden * 4);
+  w.h = slice(rows * r.hidden * 4);
+  w.qkv = slice(rows * (r.q_dim + 2 * r.kv_dim) * 4);
+  w.att = slice(rows * r.q_dim * 4);
+  w.logits = slice(seqs * r.vocab * 4);
+  w.partial = slice(3 * int64_t{r.multiprocessors} * attention_tile_rows * (head_dim + 2) * 4);
+  w.ffn_in = slice(ffn_rows * 2 * r.ffn * 4);
+  w.ffn_act = slice(ffn_rows * r.ffn * 4);
+  w.q8_q = slice(ffn_rows * blocks * 32);
+  w.q8_d = slice(ffn_rows * blocks * 4);
+  w.q8_s = slice(ffn_rows * blocks * 4);
+  w.halves = slice(rows * widest * 2);
+  w.argmax = slice(seqs * 4);
+  w.inputs = slice(words * 4);
+  if (moe) {
+    w.router = slice(rows * r.n_expert * 4);
+    w.gates = slice(rows * k * 4);
+    w.chosen = slice(rows * k * 4);
+    w.pair_row = slice(rows * k * 4);
+    w.slot_pair = slice(rows * k * 4);
+    w.offsets = slice((int64_t{r.n_expert} + 1) * 4);
+    w.pairs_in = slice(pairs * r.hidden * 4);
+    w.pairs_out = slice(pairs * r.hidden * 4);
+    w.counts = slice(int64_t{r.n_layer} * r.n_expert * 8);
+  }
+  w.total = at;
   return w;
 }
 
-int64_t activation_bytes(const memory_request& r) { return workspace_of(r).total(); }
+int64_t activation_bytes(const memory_request& r) { return workspace_of(r).total; }
 
 memory_plan plan_memory(const memory_request& r) {
   if (r.device_bytes <= 0) throw std::runtime_error("the device reports no memory");
@@ -75,9 +95,11 @@ memory_plan plan_memory(const memory_request& r) {
   }
   const int64_t fit = left / p.kv_block_bytes;
   if (r.kv_blocks > 0 && r.kv_blocks > fit) {
-    throw std::runtime_error(fmt::format("kv.blocks = {} does not fit: {} blocks of {} KiB fit in the {} left; "
-                                         "set kv.blocks = 0 (as many as fit) or at most {}",
-                                         r.kv_blocks, fit, p.kv_block_bytes / 1024, gib(left), fit));
+    throw std::runtime_error(fmt::format(
+        "a KV pool of {} blocks (kv.blocks, or what kv.memory_mb holds) does not fit on the device: {} blocks of {} KiB "
+        "fit in the {} that weights {}, activations {} and reserve {} leave; ask for at most {} blocks, or set neither "
+        "kv.blocks nor kv.memory_mb (the device's memory decides)",
+        r.kv_blocks, fit, p.kv_block_bytes / 1024, gib(left), gib(p.weights), gib(p.activations), gib(p.reserve), fit));
   }
   p.kv_blocks = static_cast<int32_t>(std::min<int64_t>(r.kv_blocks > 0 ? r.kv_blocks : fit, INT32_MAX));
   return p;

@@ -24,10 +24,11 @@ struct memory_request {
   int32_t max_step_tokens = 512, max_step_seqs = 64, max_context = 8192;
   int64_t hidden = 0, ffn = 0, vocab = 0, q_dim = 0, kv_dim = 0;  // the model's widths
   int32_t n_head = 1, n_head_kv = 1;                              // attention heads
+  int32_t n_layer = 1;
   int32_t multiprocessors = 132;                                  // the device's (attention splits)
   int32_t n_expert = 0, n_expert_used = 0;                        // MoE models
   double reserve_fraction = 0.06;  // CUDA context, cuBLAS workspace, graphs, fragmentation
-  int32_t kv_blocks = 0;           // wanted; 0: as many as fit
+  int32_t kv_blocks = 0;           // wanted (kv.blocks, or what kv.memory_mb holds); 0: as many as fit
 };
 
 struct memory_plan {
@@ -41,25 +42,38 @@ struct memory_plan {
 // Throws std::runtime_error saying what does not fit and by how much (and what to change).
 memory_plan plan_memory(const memory_request& r);
 
-// The device buffers of one step at the request's limits (R = max_step_tokens rows, S = the
-// sequences a step may have, at most R; P = R x n_expert_used expert pairs), in bytes:
-struct workspace_sizes {
-  int64_t x = 0, h = 0;        // the residual stream and its normed copy, [R][hidden] f32
-  int64_t qkv = 0, att = 0;    // [R][q_dim + 2 kv_dim], [R][q_dim] f32
-  int64_t ffn_in = 0;          // gate and up side by side, [R or P][2 ffn] f32
-  int64_t ffn_act = 0;         // silu(gate) * up, [R or P][ffn] f32
-  int64_t q8 = 0;              // activations quantized to 8 bits for the products: [R or P] rows
-                               // of the widest input, int8 + scale + scaled sum per 32 values
-  int64_t halves = 0;          // activations in fp16/bf16 for cuBLAS (f16/bf16 weights)
-  int64_t moe = 0;             // router logits, chosen experts and gates, pair order, expert
-                               // outputs [P][hidden], their sum [R][hidden]
-  int64_t logits = 0;          // [S][vocab] f32, and the argmax of each row
-  int64_t inputs = 0;          // one step's inputs (step_inputs::words at its largest)
-  int64_t attention = 0;       // split attention's partial results (3 x multiprocessors items)
-  int64_t total() const { return x + h + qkv + att + ffn_in + ffn_act + q8 + halves + moe + logits + inputs + attention; }
+// The device buffers of one step at the request's limits, as slices of one allocation, each
+// starting on 256 bytes: plan_memory sets `total` aside and the backend carves exactly these
+// (one source for both). R = max_step_tokens rows; S = the sequences a step may have, at most
+// R; P = R x n_expert_used expert pairs (MoE), F = max(R, P) rows of the FFN; W = the widest
+// input of a product, max(hidden, q_dim, ffn).
+struct workspace_slice {
+  int64_t at = 0, bytes = 0;
+  int64_t end() const { return at + bytes; }
 };
-workspace_sizes workspace_of(const memory_request& r);
-// workspace_of(r).total(): what plan_memory sets aside for activations.
+struct workspace_layout {
+  workspace_slice x, h;             // the residual stream and its normed copy, [R][hidden] f32
+  workspace_slice qkv, att;         // [R][q_dim + 2 kv_dim], [R][q_dim] f32
+  workspace_slice logits;           // [S][vocab] f32
+  workspace_slice partial;          // split attention's partial results: items x splits below
+                                    // 3 x multiprocessors, [16][head_dim + 2] f32 each
+  workspace_slice ffn_in, ffn_act;  // gate | up [F][2 ffn], silu(gate) * up [F][ffn], f32
+  workspace_slice q8_q, q8_d, q8_s;  // 8-bit activations of F rows of W values: int8 [F][W],
+                                     // scales and scaled sums [F][W / 32] f32
+  workspace_slice halves;           // [R][W] fp16/bf16 activations for cuBLAS
+  workspace_slice argmax;           // [S] int32
+  workspace_slice inputs;           // step_inputs::words at its largest, int32
+  // MoE only (empty otherwise):
+  workspace_slice router;           // [R][n_expert] f32 logits
+  workspace_slice gates;            // [R][k] f32
+  workspace_slice chosen, pair_row, slot_pair;  // [R][k] int32 each
+  workspace_slice offsets;          // [n_expert + 1] int32
+  workspace_slice pairs_in, pairs_out;  // the pairs' inputs and outputs, [P][hidden] f32 each
+  workspace_slice counts;           // [n_layer][n_expert] uint64: tokens routed, expert_tokens()
+  int64_t total = 0;                // bytes: the end of the last slice
+};
+workspace_layout workspace_of(const memory_request& r);
+// workspace_of(r).total: what plan_memory sets aside for activations.
 int64_t activation_bytes(const memory_request& r);
 
 // Decode steps are replayed from CUDA graphs captured for a few batch sizes: 1, 2, 4, 8, then

@@ -137,6 +137,25 @@ stream::~stream() {
 }
 void stream::synchronize() const { check(cudaStreamSynchronize(static_cast<cudaStream_t>(s_)), "a CUDA kernel failed"); }
 
+event::event() {
+  cudaEvent_t e = nullptr;
+  check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+  e_ = e;
+}
+event::~event() {
+  if (e_) cudaEventDestroy(static_cast<cudaEvent_t>(e_));
+}
+event::event(event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
+event& event::operator=(event&& o) noexcept {
+  if (this != &o) {
+    if (e_) cudaEventDestroy(static_cast<cudaEvent_t>(e_));
+    e_ = std::exchange(o.e_, nullptr);
+  }
+  return *this;
+}
+void event::record(void* s) { check(cudaEventRecord(static_cast<cudaEvent_t>(e_), detail::stream_of(s)), "cudaEventRecord"); }
+void event::synchronize() const { check(cudaEventSynchronize(static_cast<cudaEvent_t>(e_)), "a CUDA kernel failed"); }
+
 void copy_to_device_async(void* dst, const void* src, size_t bytes, void* s) {
   if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, detail::stream_of(s)), "copy to the device");
 }

@@ -36,8 +36,7 @@ void check_blas(cublasStatus_t s, const char* what) {
 void blas_product(const device_matrix& w, const float* x, int64_t ldx, int32_t n, float* y, int64_t ldy, bool accumulate,
                   const product_scratch& scratch, cudaStream_t s) {
   if (!scratch.cublas) throw std::invalid_argument("matmul: float weights past the matvec need cuBLAS (no handle given)");
-  auto* h = static_cast<cublasHandle_t>(scratch.cublas->handle());
-  check_blas(cublasSetStream(h, s), "cublasSetStream");
+  auto* h = static_cast<cublasHandle_t>(scratch.cublas->bound_to(s));
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   const int m = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
   if (w.type == tensor_type::f32) {
@@ -78,14 +77,26 @@ void check_product(const device_matrix& w, const q8_rows* xq, const char* what) 
 }  // namespace
 }  // namespace detail
 
+// 32 MiB: what cuBLAS asks for on Hopper.
 blas::blas(void* stream) : workspace_(32u << 20) {
   cublasHandle_t h = nullptr;
   detail::check_blas(cublasCreate(&h), "cublasCreate");
   h_ = h;
-  // A workspace of its own: cuBLAS then allocates nothing while a graph is captured.
-  detail::check_blas(cublasSetWorkspace(h, workspace_.data(), workspace_.size()), "cublasSetWorkspace");
-  detail::check_blas(cublasSetStream(h, detail::stream_of(stream)), "cublasSetStream");
   detail::check_blas(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  bind(stream);
+}
+
+void blas::bind(void* stream) {
+  auto* h = static_cast<cublasHandle_t>(h_);
+  // In this order: cublasSetStream resets the workspace to cuBLAS's default pool.
+  detail::check_blas(cublasSetStream(h, detail::stream_of(stream)), "cublasSetStream");
+  detail::check_blas(cublasSetWorkspace(h, workspace_.data(), workspace_.size()), "cublasSetWorkspace");
+  stream_ = stream;
+}
+
+void* blas::bound_to(void* stream) {
+  if (stream != stream_) bind(stream);
+  return h_;
 }
 
 blas::~blas() {
@@ -115,14 +126,17 @@ void grouped_matmul(const device_matrix& w, int64_t rows_per_group, int32_t grou
                                 " rows do not fit a matrix of " + std::to_string(w.rows));
   }
   const cudaStream_t s = detail::stream_of(stream);
-  // Few pairs (decode), or float weights: one matvec per pair, its expert's rows; many pairs of
-  // quantized weights: the tensor-core product over each expert's pairs.
+  // Few pairs (decode), or float weights: the matvec over tiles of an expert's pairs (its rows
+  // read once a tile); many pairs of quantized weights: the tensor-core product over each
+  // expert's pairs.
   if (is_quantized(w.type) && pairs > 2 * groups + matvec_max_tokens) {
     detail::launch_mmq(w, *xq, pairs, y, ldy, false, offsets, groups, rows_per_group, s);
     return;
   }
   if (!detail::launch_matvec(w, x, ldx, xq, pairs, y, ldy, false, offsets, groups, rows_per_group, s)) {
-    if (!is_quantized(w.type)) throw std::invalid_argument("grouped_matmul: float experts wider than shared memory holds");
+    if (!is_quantized(w.type)) {
+      throw std::invalid_argument("grouped_matmul: " + std::to_string(pairs) + " pairs of float experts: more tiles than one launch has");
+    }
     detail::launch_mmq(w, *xq, pairs, y, ldy, false, offsets, groups, rows_per_group, s);
   }
 }

@@ -98,6 +98,23 @@ class stream {
   void* s_ = nullptr;
 };
 
+// A CUDA event of the current device (timing off): recorded on a stream, waited for by the
+// host. One never recorded counts as complete.
+class event {
+ public:
+  event();
+  ~event();
+  event(event&& o) noexcept;
+  event& operator=(event&& o) noexcept;
+  event(const event&) = delete;
+  event& operator=(const event&) = delete;
+  void record(void* stream);
+  void synchronize() const;  // until the work before the last record is done
+
+ private:
+  void* e_ = nullptr;
+};
+
 void copy_to_device_async(void* dst, const void* src, size_t bytes, void* stream);
 void copy_to_host(void* dst, const void* src, size_t bytes);  // synchronous
 void copy_to_host_async(void* dst, const void* src, size_t bytes, void* stream);
@@ -174,17 +191,25 @@ void embed_rows(const device_matrix& table, const int32_t* ids, int32_t rows, fl
 // ---- matrix products (matvec.cu, mmq.cu, matmul.cu) -----------------------------------------
 
 // cuBLAS for the float-typed weights' prefill products (f16, bf16: activations converted to the
-// weight's type; f32: in f32), with a workspace of its own so that it can be captured.
+// weight's type; f32: in f32), with a workspace of its own so that it can be captured: cuBLAS
+// then allocates nothing while a graph is recorded. cublasSetStream drops a handle's workspace
+// (back to cuBLAS's own pool), so the stream is set once, here, and the workspace after it.
 class blas {
  public:
   explicit blas(void* stream);
   ~blas();
   blas(const blas&) = delete;
   blas& operator=(const blas&) = delete;
-  void* handle() const { return h_; }
+  // The handle, running on `stream` with this workspace. Another stream than the last one
+  // rebinds both (cublasSetStream, then cublasSetWorkspace); the backend has one stream, bound
+  // at construction, so nothing is rebound inside a capture.
+  void* bound_to(void* stream);
+  void* stream() const { return stream_; }
 
  private:
+  void bind(void* stream);
   void* h_ = nullptr;
+  void* stream_ = nullptr;
   device_buffer workspace_;
 };
 

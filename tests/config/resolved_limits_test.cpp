@@ -69,6 +69,24 @@ TEST(resolved_limits, the_kv_pool_must_hold_one_full_sequence) {
               AllOf(HasSubstr("kv.blocks"), HasSubstr("at least 518")));
 }
 
+TEST(resolved_limits, a_gpu_sizes_its_pool_unless_the_config_says_how_large) {
+  // Llama-3-8B on a GPU: 128 KiB a token, so the default 256 MiB would not hold one 8192-token
+  // sequence; left open, the device's memory decides (the backend checks that one fits).
+  const model_facts gpu{8192, 131'072, true};
+  const resolved_limits open = resolve_limits(parse(""), gpu);
+  EXPECT_EQ(open.kv_blocks, 0);
+  EXPECT_EQ(open.kv_watermark_blocks, 0);
+  EXPECT_EQ(open.max_context, 8192);
+  // Said in the file: the blocks, or what memory_mb holds, and the same checks as on the CPU.
+  EXPECT_EQ(resolve_limits(parse("[kv]\nblocks = 600\n"), gpu).kv_blocks, 600);
+  EXPECT_EQ(resolve_limits(parse("[kv]\nmemory_mb = 2048\n"), gpu).kv_blocks, 1024);  // 2 GiB / (16 x 128 KiB)
+  EXPECT_THAT(problem("[kv]\nmemory_mb = 256\n", gpu), HasSubstr("kv.memory_mb"));
+  EXPECT_THAT(problem("[kv]\nblocks = 100\n", gpu), HasSubstr("kv.blocks"));
+  // The other checks still run.
+  EXPECT_THAT(problem("[backend]\nmax_context = 16384\n", gpu), HasSubstr("backend.max_context"));
+  EXPECT_EQ(watermark_blocks(0.01, 50'000), 500);
+}
+
 TEST(resolved_limits, the_shipped_sim_file_fits_its_own_context) {
   const runtime_config c =
       load_config(std::string(TIRELESS_SOURCE_DIR) + "/config/sim-h200-k2.toml");

@@ -212,33 +212,43 @@ TEST(cuda_backend, replayed_decode_graphs_give_what_launched_steps_give) {
   auto m = load("tiny-dense");
   if (!m) GTEST_SKIP() << "no tiny model";
   cuda_backend_options o;
-  o.kv_blocks = 32;
+  o.kv_blocks = 64;
   o.max_context = 128;
   o.max_step_tokens = 64;
-  o.max_step_seqs = 8;
+  o.max_step_seqs = 16;
   auto graphed = make_cuda_backend(m, o);
   o.graphs = false;
   auto launched = make_cuda_backend(m, o);
   const int32_t nv = graphed->n_vocab();
-  std::vector<token_id> tokens = some_tokens(30, 9, nv);
-  const std::vector<int32_t> blocks{4, 1, 6};
-  for (int32_t pos = 0; pos < 30; ++pos) {  // one token a step: the 1-sequence bucket throughout
-    step_batch b;
-    sequence_step s;
-    s.seq_id = 1;
-    s.tokens = std::span<const token_id>(tokens).subspan(static_cast<size_t>(pos), 1);
-    s.start_pos = pos;
-    s.block_table = blocks;
-    s.sample = true;
-    s.want_logits = true;
-    b.seqs.push_back(s);
-    step_result rg, rl;
-    graphed->execute(b, rg);
-    launched->execute(b, rl);
-    // The graph's attention splits are sized for the longest context, a launched step's for its
-    // own: sums in another order, nothing more.
-    EXPECT_LT(nmse(rg.logits, rl.logits), 1e-12) << "position " << pos;
-    EXPECT_EQ(rg.next, rl.next) << "position " << pos;
+  // One sequence (the 1-sequence bucket), then 12 at once (the 16-sequence bucket: 16 rows, past
+  // the matvec, so the quantized products run mmq and the float ones cuBLAS inside the graph).
+  for (const int32_t n_seqs : {1, 12}) {
+    std::vector<std::vector<token_id>> tokens;
+    std::vector<std::vector<int32_t>> blocks;
+    for (int32_t i = 0; i < n_seqs; ++i) {
+      tokens.push_back(some_tokens(30, 9 + static_cast<uint64_t>(i), nv));
+      blocks.push_back({i, 63 - i});  // 30 positions: 2 blocks each, spread over the pool
+    }
+    for (int32_t pos = 0; pos < 30; ++pos) {  // one token a sequence a step: decode steps throughout
+      step_batch b;
+      for (int32_t i = 0; i < n_seqs; ++i) {
+        sequence_step s;
+        s.seq_id = static_cast<uint64_t>(i + 1);
+        s.tokens = std::span<const token_id>(tokens[i]).subspan(static_cast<size_t>(pos), 1);
+        s.start_pos = pos;
+        s.block_table = blocks[i];
+        s.sample = true;
+        s.want_logits = true;
+        b.seqs.push_back(s);
+      }
+      step_result rg, rl;
+      graphed->execute(b, rg);
+      launched->execute(b, rl);
+      // The graph's attention grid has the splits of the longest context, a launched step's
+      // those of its own; each item uses what its context needs: sums in another order at most.
+      EXPECT_LT(nmse(rg.logits, rl.logits), 1e-12) << n_seqs << " sequences, position " << pos;
+      EXPECT_EQ(rg.next, rl.next) << n_seqs << " sequences, position " << pos;
+    }
   }
 }
 

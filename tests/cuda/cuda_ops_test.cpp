@@ -252,13 +252,25 @@ TEST_P(cuda_typed, products_match_the_cpu_backend_for_decode_and_prefill_sizes) 
       synchronize();
       const auto got = from_device<float>(y.data(), static_cast<size_t>(n * rows));
       const auto want = cpu_product(w.cpu, x, n);
-      EXPECT_LT(nmse(got, want), tolerance(t)) << name(t) << " " << rows << "x" << cols << ", " << n << " tokens";
+      // Past the matvec, quantized weights take mmq: the CPU's sums in the CPU's order, so the
+      // same bits (an order that slipped would show here, not in a tolerance).
+      const bool exact = is_quantized(t) && n > matvec_max_tokens;
+      if (exact) {
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0) << name(t) << " " << rows << "x" << cols << ", " << n << " tokens";
+      } else {
+        EXPECT_LT(nmse(got, want), tolerance(t)) << name(t) << " " << rows << "x" << cols << ", " << n << " tokens";
+      }
       // Accumulating adds the product to what is there (the residual stream).
       matmul(w.dev, dx.as<float>(), cols, &q.rows, n, y.as<float>(), rows, true, scratch);
       synchronize();
       auto twice = want;
       for (float& v : twice) v *= 2;
-      EXPECT_LT(nmse(from_device<float>(y.data(), static_cast<size_t>(n * rows)), twice), tolerance(t)) << "accumulate";
+      const auto got_twice = from_device<float>(y.data(), static_cast<size_t>(n * rows));
+      if (exact) {
+        EXPECT_EQ(std::memcmp(got_twice.data(), twice.data(), twice.size() * 4), 0) << "accumulate, " << n << " tokens";
+      } else {
+        EXPECT_LT(nmse(got_twice, twice), tolerance(t)) << "accumulate";
+      }
     }
   }
 }
@@ -269,7 +281,10 @@ TEST_P(cuda_typed, grouped_products_give_each_pair_its_experts_rows) {
   const int32_t experts = 4;
   const int64_t rows_per = 96, cols = 256;
   const matrix w(t, experts * rows_per, cols, 9);
-  for (const std::vector<int32_t>& counts : {std::vector<int32_t>{1, 0, 2, 1}, std::vector<int32_t>{70, 0, 3, 60}}) {
+  // Decode (a pair a tile), a few pairs an expert (tiles of 4 pairs, one expert with three
+  // tiles), and prefill (mmq for quantized experts).
+  for (const std::vector<int32_t>& counts :
+       {std::vector<int32_t>{1, 0, 2, 1}, std::vector<int32_t>{5, 0, 9, 2}, std::vector<int32_t>{70, 0, 3, 60}}) {
     std::vector<int32_t> offsets(experts + 1, 0);
     std::partial_sum(counts.begin(), counts.end(), offsets.begin() + 1);
     const int32_t pairs = offsets.back();
@@ -290,7 +305,11 @@ TEST_P(cuda_typed, grouped_products_give_each_pair_its_experts_rows) {
       const auto ye = cpu_product(part, xe, counts[e]);
       want.insert(want.end(), ye.begin(), ye.end());
     }
-    EXPECT_LT(nmse(got, want), 1e-10) << name(t) << ", " << pairs << " pairs";
+    if (is_quantized(t) && pairs > 2 * experts + matvec_max_tokens) {  // mmq: bit for bit
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0) << name(t) << ", " << pairs << " pairs";
+    } else {
+      EXPECT_LT(nmse(got, want), 1e-10) << name(t) << ", " << pairs << " pairs";
+    }
   }
 }
 
@@ -410,67 +429,97 @@ TEST(cuda_ops, kv_writes_land_where_the_cpu_backend_puts_them) {
   EXPECT_LT(worst, 1e-5);
 }
 
+struct attention_case {
+  int heads, kv_heads, hd, bs;
+  int32_t context;  // positions sequence a has before its decode token
+};
+
+// One mixed step against the CPU kernel on the same pool: sequence a decodes one token after
+// `context` positions, b brings a chunk of 9 after 20, c a new prompt of 5; their blocks
+// scattered over the pool. With 1, 3 and 16 key splits (each item using those its context
+// needs: 16 for a long one, one for c's).
+void expect_attention_of_the_cpu(const attention_case& k) {
+  const int heads = k.heads, kv_heads = k.kv_heads, hd = k.hd, bs = k.bs, group = heads / kv_heads;
+  const auto blocks_of = [&](int32_t positions) { return (positions + bs - 1) / bs; };
+  const int32_t na = blocks_of(k.context + 1), nb = blocks_of(29), nc = blocks_of(5), blocks = na + nb + nc + 3;
+  std::vector<int32_t> pool(static_cast<size_t>(blocks));
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), std::mt19937(static_cast<uint32_t>(hd * 131 + bs)));
+  const std::vector<int32_t> ta(pool.begin(), pool.begin() + na), tb(pool.begin() + na, pool.begin() + na + nb),
+      tc(pool.begin() + na + nb, pool.begin() + na + nb + nc);
+  attention_fixture f(heads, kv_heads, hd, bs, blocks, 1);
+  const int64_t ld = f.ld();
+  const std::vector<token_id> tokens(static_cast<size_t>(k.context + 40), 1);
+  const std::string what = "heads " + std::to_string(heads) + "/" + std::to_string(kv_heads) + ", head_dim " +
+                           std::to_string(hd) + ", blocks of " + std::to_string(bs) + ", context " + std::to_string(k.context);
+  // Earlier steps: a's first `context` positions, b's first 20.
+  step_batch history;
+  history.seqs.push_back(chunk(1, tokens, 0, k.context, ta));
+  history.seqs.push_back(chunk(2, tokens, 0, 20, tb));
+  const step_shape shape{bs, kv_heads, group};
+  device_step hs(history, shape);
+  auto hq = to_device(random_floats(static_cast<size_t>((k.context + 20) * ld), 30 + hd + bs));
+  rope_store_kv(hq.as<float>(), ld, hs.view, f.a, f.kv, 0, nullptr);
+  step_batch b;
+  b.seqs.push_back(chunk(1, tokens, k.context, 1, ta));
+  b.seqs.push_back(chunk(2, tokens, 20, 9, tb));
+  b.seqs.push_back(chunk(3, tokens, 0, 5, tc));
+  device_step st(b, shape);
+  const auto qkv = random_floats(static_cast<size_t>(15 * ld), 40 + hd + bs);
+  auto dqkv = to_device(qkv);
+  rope_store_kv(dqkv.as<float>(), ld, st.view, f.a, f.kv, 0, nullptr);
+  synchronize();
+  // The CPU kernel on the same pool (the same layout: downloaded as is) and the same q.
+  const auto k_pool = from_device<uint16_t>(f.k.data(), static_cast<size_t>(f.kv.layer_stride()));
+  const auto v_pool = from_device<uint16_t>(f.v.data(), static_cast<size_t>(f.kv.layer_stride()));
+  const auto q = from_device<float>(dqkv.data(), qkv.size());
+  const int qd = heads * hd;
+  std::vector<float> want(static_cast<size_t>(15 * qd), 0.0f);
+  const int32_t rows_of[] = {0, 1, 10}, n_of[] = {1, 9, 5}, start_of[] = {k.context, 20, 0};
+  const std::vector<int32_t>* tables[] = {&ta, &tb, &tc};
+  for (int s = 0; s < 3; ++s) {
+    for (int h = 0; h < kv_heads; ++h) {
+      cpu::attention_args a{};
+      a.q = &q[rows_of[s] * ld];
+      a.q_stride = ld;
+      a.out = &want[rows_of[s] * qd];
+      a.out_stride = qd;
+      a.n_new = n_of[s];
+      a.start_pos = start_of[s];
+      a.first_head = h * group;
+      a.heads = group;
+      a.head_dim = hd;
+      a.block_size = bs;
+      a.block_table = tables[s]->data();
+      a.k_base = k_pool.data() + h * bs * hd;
+      a.v_base = v_pool.data() + h * bs * hd;
+      a.block_stride = f.kv.block_stride();
+      a.scale = f.a.scale;
+      cpu::best_kernels().attention(a);
+    }
+  }
+  for (const int32_t splits : {1, 3, 16}) {
+    device_buffer out(want.size() * 4), partial(attention_partial_floats(st.in.items, splits, hd) * 4);
+    out.zero();
+    paged_attention(dqkv.as<float>(), ld, out.as<float>(), qd, st.view, f.a, f.kv, 0, splits, partial.as<float>());
+    synchronize();
+    EXPECT_LT(nmse(from_device<float>(out.data(), want.size()), want), 1e-11) << what << ", splits " << splits;
+  }
+}
+
 TEST(cuda_ops, paged_attention_of_a_mixed_step_matches_the_cpu_kernel) {
   REQUIRE_DEVICE();
-  for (const int hd : {64, 128, 16}) {
-    const int heads = 9, kv_heads = 3, bs = 16, blocks = 16;
-    attention_fixture f(heads, kv_heads, hd, bs, blocks, 1);
-    const int64_t ld = f.ld();
-    const std::vector<token_id> tokens(80, 1);
-    const std::vector<int32_t> ta{3, 9, 1, 14}, tb{6, 0, 12}, tc{8};
-    // Earlier steps: sequence a's first 37 positions, b's first 20.
-    step_batch history;
-    history.seqs.push_back(chunk(1, tokens, 0, 37, ta));
-    history.seqs.push_back(chunk(2, tokens, 0, 20, tb));
-    const step_shape shape{bs, kv_heads, heads / kv_heads};
-    device_step hs(history, shape);
-    auto hq = to_device(random_floats(static_cast<size_t>(57 * ld), 30 + hd));
-    rope_store_kv(hq.as<float>(), ld, hs.view, f.a, f.kv, 0, nullptr);
-    // This step: a decodes at 37, b brings a chunk of 9 at 20, c starts with 5 tokens.
-    step_batch b;
-    b.seqs.push_back(chunk(1, tokens, 37, 1, ta));
-    b.seqs.push_back(chunk(2, tokens, 20, 9, tb));
-    b.seqs.push_back(chunk(3, tokens, 0, 5, tc));
-    device_step st(b, shape);
-    const auto qkv = random_floats(static_cast<size_t>(15 * ld), 40 + hd);
-    auto dqkv = to_device(qkv);
-    rope_store_kv(dqkv.as<float>(), ld, st.view, f.a, f.kv, 0, nullptr);
-    synchronize();
-    // The CPU kernel on the same pool (the same layout: downloaded as is) and the same q.
-    const auto k_pool = from_device<uint16_t>(f.k.data(), static_cast<size_t>(f.kv.layer_stride()));
-    const auto v_pool = from_device<uint16_t>(f.v.data(), static_cast<size_t>(f.kv.layer_stride()));
-    const auto q = from_device<float>(dqkv.data(), qkv.size());
-    const int qd = heads * hd;
-    std::vector<float> want(static_cast<size_t>(15 * qd), 0.0f);
-    const int32_t rows_of[] = {0, 1, 10}, n_of[] = {1, 9, 5}, start_of[] = {37, 20, 0};
-    const std::vector<int32_t>* tables[] = {&ta, &tb, &tc};
-    for (int s = 0; s < 3; ++s) {
-      for (int h = 0; h < kv_heads; ++h) {
-        cpu::attention_args a{};
-        a.q = &q[rows_of[s] * ld];
-        a.q_stride = ld;
-        a.out = &want[rows_of[s] * qd];
-        a.out_stride = qd;
-        a.n_new = n_of[s];
-        a.start_pos = start_of[s];
-        a.first_head = h * 3;
-        a.heads = 3;
-        a.head_dim = hd;
-        a.block_size = bs;
-        a.block_table = tables[s]->data();
-        a.k_base = k_pool.data() + h * bs * hd;
-        a.v_base = v_pool.data() + h * bs * hd;
-        a.block_stride = f.kv.block_stride();
-        a.scale = f.a.scale;
-        cpu::best_kernels().attention(a);
-      }
-    }
-    for (const int32_t splits : {1, 3}) {
-      device_buffer out(want.size() * 4), partial(attention_partial_floats(st.in.items, splits, hd) * 4);
-      paged_attention(dqkv.as<float>(), ld, out.as<float>(), qd, st.view, f.a, f.kv, 0, splits, partial.as<float>());
-      synchronize();
-      EXPECT_LT(nmse(from_device<float>(out.data(), want.size()), want), 1e-11) << "head_dim " << hd << ", splits " << splits;
-    }
+  for (const attention_case& k : {
+           attention_case{9, 3, 64, 16, 37},     // SmolLM2's heads
+           attention_case{9, 3, 128, 16, 37},
+           attention_case{9, 3, 16, 16, 37},
+           attention_case{8, 2, 256, 16, 700},   // head_dim 256: 80 KiB of shared memory (opt-in), 22 key tiles
+           attention_case{32, 8, 128, 8, 1500},  // Llama-3-8B's GQA (4 heads: a decode row per warp), blocks of 8
+           attention_case{8, 2, 64, 32, 3000},   // blocks of 32, 94 key tiles: 16 splits of 6
+           attention_case{4, 4, 128, 64, 2100},  // blocks of 64, no GQA
+           attention_case{16, 2, 64, 16, 300},   // groups of 8: two decode rows a warp
+       }) {
+    expect_attention_of_the_cpu(k);
   }
 }
 

@@ -6,6 +6,8 @@
 #include <random>
 #include <span>
 #include <stdexcept>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace tireless::cuda {
@@ -234,9 +236,149 @@ TEST(cuda_plan, no_step_within_the_limits_outgrows_the_input_buffer) {
   }
   memory_request r = smollm2_on_h200();
   r.n_head = 9, r.n_head_kv = 3;
-  const workspace_sizes w = workspace_of(r);
-  EXPECT_EQ(w.total(), activation_bytes(r));
-  EXPECT_GE(w.inputs, max_step_words(r.max_step_tokens, r.max_step_seqs, r.max_context, shape) * 4);
+  EXPECT_GE(workspace_of(r).inputs.bytes, max_step_words(r.max_step_tokens, r.max_step_seqs, r.max_context, shape) * 4);
+}
+
+// Mixtral 8x7B (q4_0) on an H200 with 8192-token steps: 2 of 8 experts a token.
+memory_request mixtral_on_h200() {
+  memory_request r;
+  r.device_bytes = 141ll << 30;
+  r.weight_bytes = 26ll << 30;
+  r.kv_bytes_per_token = 32ll * 1024 * 2 * 2;
+  r.block_size = 16;
+  r.max_step_tokens = 8192;
+  r.max_step_seqs = 256;
+  r.max_context = 32768;
+  r.hidden = 4096, r.ffn = 14336, r.vocab = 32000, r.q_dim = 4096, r.kv_dim = 1024;
+  r.n_head = 32, r.n_head_kv = 8, r.n_layer = 32;
+  r.n_expert = 8, r.n_expert_used = 2;
+  return r;
+}
+
+// Every slice of the workspace as the backend carves it (slice_of over workspace_of): 256-byte
+// aligned, apart from the others, inside what the plan set aside, and as large as the backend's
+// use of it needs (sizes worked out here again, from the shapes).
+void expect_the_backend_can_carve_it(const memory_request& r) {
+  const workspace_layout w = workspace_of(r);
+  EXPECT_EQ(plan_memory(r).activations, w.total);
+  const int64_t rows = r.max_step_tokens, seqs = std::min(r.max_step_seqs, r.max_step_tokens);
+  const int64_t k = r.n_expert > 0 ? r.n_expert_used : 0, pairs = rows * k, ffn_rows = std::max(rows, pairs);
+  const int64_t widest = std::max({r.hidden, r.q_dim, r.ffn}), hd = r.q_dim / r.n_head;
+  const std::vector<std::pair<workspace_slice, int64_t>> need{
+      {w.x, rows * r.hidden * 4},
+      {w.h, rows * r.hidden * 4},
+      {w.qkv, rows * (r.q_dim + 2 * r.kv_dim) * 4},
+      {w.att, rows * r.q_dim * 4},
+      {w.logits, seqs * r.vocab * 4},
+      {w.partial, 3ll * r.multiprocessors * 16 * (hd + 2) * 4},
+      {w.ffn_in, ffn_rows * 2 * r.ffn * 4},
+      {w.ffn_act, ffn_rows * r.ffn * 4},
+      {w.q8_q, ffn_rows * widest},
+      {w.q8_d, ffn_rows * widest / 32 * 4},
+      {w.q8_s, ffn_rows * widest / 32 * 4},
+      {w.halves, rows * widest * 2},
+      {w.argmax, seqs * 4},
+      {w.router, rows * r.n_expert * 4},
+      {w.gates, pairs * 4},
+      {w.chosen, pairs * 4},
+      {w.pair_row, pairs * 4},
+      {w.slot_pair, pairs * 4},
+      {w.offsets, r.n_expert > 0 ? (r.n_expert + 1) * 4 : 0},
+      {w.pairs_in, pairs * r.hidden * 4},
+      {w.pairs_out, pairs * r.hidden * 4},
+      {w.counts, int64_t{r.n_layer} * r.n_expert * 8},
+  };
+  std::vector<workspace_slice> used{w.inputs};
+  for (const auto& [s, bytes] : need) {
+    EXPECT_GE(s.bytes, bytes) << "slice at " << s.at;
+    if (s.bytes > 0) used.push_back(s);
+  }
+  std::sort(used.begin(), used.end(), [](const workspace_slice& a, const workspace_slice& b) { return a.at < b.at; });
+  for (size_t i = 0; i < used.size(); ++i) {
+    EXPECT_EQ(used[i].at % 256, 0);
+    EXPECT_LE(used[i].end(), i + 1 < used.size() ? used[i + 1].at : w.total) << "slice at " << used[i].at << " overlaps";
+  }
+  EXPECT_EQ(used.back().end(), w.total);
+}
+
+TEST(cuda_plan, the_workspace_the_backend_carves_is_what_the_plan_sets_aside) {
+  expect_the_backend_can_carve_it(smollm2_on_h200());
+  const memory_request mixtral = mixtral_on_h200();
+  expect_the_backend_can_carve_it(mixtral);
+  // Mixtral's experts: 16,384 pairs of 4,096 floats in and out (256 MiB each) and the per-layer
+  // counts are in the plan, not taken from the reserve.
+  const workspace_layout w = workspace_of(mixtral);
+  EXPECT_EQ(w.pairs_in.bytes, 16384ll * 4096 * 4);
+  EXPECT_EQ(w.pairs_out.bytes, 16384ll * 4096 * 4);
+  EXPECT_EQ(w.counts.bytes, 32 * 8 * 8);
+  EXPECT_EQ(workspace_of(smollm2_on_h200()).pairs_in.bytes, 0) << "a dense model has no expert buffers";
+}
+
+TEST(cuda_plan, left_to_the_device_the_pool_is_what_is_left_and_asked_for_it_must_fit) {
+  memory_request r = mixtral_on_h200();
+  r.kv_blocks = 0;
+  const memory_plan open = plan_memory(r);
+  EXPECT_GT(open.kv_blocks, 10 * r.max_context / r.block_size) << "far more than one max-length sequence";
+  EXPECT_LE(open.total(), r.device_bytes);
+  r.kv_blocks = open.kv_blocks;
+  EXPECT_EQ(plan_memory(r).kv_blocks, open.kv_blocks);
+  r.kv_blocks = open.kv_blocks + 1;
+  try {
+    plan_memory(r);
+    FAIL() << "no error";
+  } catch (const std::runtime_error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("at most " + std::to_string(open.kv_blocks) + " blocks"), std::string::npos) << m;
+    EXPECT_NE(m.find("kv.memory_mb"), std::string::npos) << m;
+  }
+}
+
+// Llama-3-8B's decode products on an H200 (132 multiprocessors, 227 KiB of shared memory each).
+TEST(cuda_plan, decode_products_keep_several_blocks_a_multiprocessor_at_every_batch) {
+  for (const int32_t n : {1, 2, 3, 4, 5, 6, 7, 8}) {
+    for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{4096, 14336}, {6144, 4096}, {28672, 4096}, {128256, 4096}}) {
+      const matvec_launch q = plan_matvec(true, rows, cols, n, 0, 132);
+      EXPECT_GE(q.nt, n);
+      EXPECT_LE(q.shared, 28 * 1024) << n << " tokens, " << cols << " columns: shared memory no longer limits the blocks";
+      EXPECT_GE(q.blocks_x * q.warps * matvec_warp_rows(q.nt), rows) << "every row has a warp";
+      EXPECT_EQ(q.blocks_y, 1);
+      const matvec_launch f = plan_matvec(false, rows, cols, n, 0, 132);
+      EXPECT_LE(f.shared, 28 * 1024);
+    }
+  }
+  // Batch 1 stages a whole row of activations of up to 16,384 values at once, as before.
+  EXPECT_EQ(plan_matvec(true, 4096, 14336, 1, 0, 132).shared, 448 * (matvec_q_stride + 8));
+  // The down projection at 8 tokens: 4 rows a warp, 1024 warps, spread two blocks a multiprocessor.
+  const matvec_launch down = plan_matvec(true, 4096, 14336, 8, 0, 132);
+  EXPECT_EQ(down.nt, 8);
+  EXPECT_EQ(down.shared, 8 * 64 * (matvec_q_stride + 8));
+  EXPECT_GE(down.blocks_x, 2 * 132);
+}
+
+TEST(cuda_plan, grouped_decode_products_read_an_experts_rows_once_per_tile_of_pairs) {
+  // Mixtral decode: 2 of 8 experts a token. One token: a pair a tile.
+  EXPECT_EQ(plan_matvec(true, 14336, 4096, 2, 8, 132).nt, 1);
+  EXPECT_EQ(plan_matvec(true, 14336, 4096, 2, 8, 132).blocks_y, 2);
+  // 12 tokens, 24 pairs, ~3 an expert: tiles of 4 pairs, with room for the worst spread (every
+  // expert's last tile partial).
+  const matvec_launch l = plan_matvec(true, 14336, 4096, 24, 8, 132);
+  EXPECT_EQ(l.nt, 4);
+  EXPECT_EQ(l.blocks_y, 24 / 4 + 8);
+  for (const std::vector<int32_t>& counts :
+       {std::vector<int32_t>{24, 0, 0, 0, 0, 0, 0, 0}, {3, 3, 3, 3, 3, 3, 3, 3}, {1, 1, 1, 1, 1, 1, 1, 17}, {5, 5, 5, 5, 1, 1, 1, 1}}) {
+    int64_t tiles = 0;
+    for (int32_t c : counts) tiles += (c + l.nt - 1) / l.nt;
+    EXPECT_LE(tiles, l.blocks_y);
+  }
+}
+
+TEST(cuda_plan, a_split_of_attention_covers_two_key_tiles_or_the_item_runs_one_split) {
+  EXPECT_EQ(attention_item_splits(16, 5), 1);      // a graph sized for 8192 positions, at position 5
+  EXPECT_EQ(attention_item_splits(16, 64), 1);     // two tiles: one split
+  EXPECT_EQ(attention_item_splits(16, 65), 2);     // three tiles
+  EXPECT_EQ(attention_item_splits(16, 8192), 16);  // 256 tiles: all the launch has
+  EXPECT_EQ(attention_item_splits(3, 8192), 3);
+  EXPECT_EQ(attention_item_splits(1, 8192), 1);
 }
 
 }  // namespace
