@@ -5,6 +5,7 @@
 #include "gpu/cuda/ops.hpp"
 
 #include <cublas_v2.h>
+#include <dlfcn.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -27,6 +28,49 @@ __global__ void to_halves_kernel(const float* src, int64_t lds, int64_t rows, in
 
 namespace {
 
+// cuBLAS is opened when the first handle is made, not linked: linked, its libraries' ~110 KB of
+// static thread-local storage go into every thread's stack, and a library that starts its
+// threads with small stacks (civetweb's 100 KB, under prometheus-cpp's exposer) can no longer
+// start any; opened with dlopen, the storage is allocated per thread as it is used.
+struct cublas_api {
+  decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasDestroy_v2) destroy = nullptr;
+  decltype(&cublasSetStream_v2) set_stream = nullptr;
+  decltype(&cublasSetWorkspace_v2) set_workspace = nullptr;
+  decltype(&cublasSetMathMode) set_math_mode = nullptr;
+  cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
+                            const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
+                            cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+};
+
+const cublas_api& cublas() {
+  static const cublas_api api = [] {
+    const std::string name = "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
+    void* lib = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+#if defined(TIRELESS_CUBLAS_DIR)
+    if (!lib) lib = dlopen((std::string(TIRELESS_CUBLAS_DIR) + "/" + name).c_str(), RTLD_NOW | RTLD_LOCAL);
+#endif
+    if (!lib) {
+      throw std::runtime_error("cuBLAS could not be loaded (" + name + ": " + dlerror() +
+                               "): install the CUDA toolkit's cuBLAS of this version, or put its folder on LD_LIBRARY_PATH");
+    }
+    cublas_api a;
+    auto find = [&](const char* symbol) {
+      void* f = dlsym(lib, symbol);
+      if (!f) throw std::runtime_error(std::string("cuBLAS (") + name + ") has no " + symbol);
+      return f;
+    };
+    a.create = reinterpret_cast<decltype(a.create)>(find("cublasCreate_v2"));
+    a.destroy = reinterpret_cast<decltype(a.destroy)>(find("cublasDestroy_v2"));
+    a.set_stream = reinterpret_cast<decltype(a.set_stream)>(find("cublasSetStream_v2"));
+    a.set_workspace = reinterpret_cast<decltype(a.set_workspace)>(find("cublasSetWorkspace_v2"));
+    a.set_math_mode = reinterpret_cast<decltype(a.set_math_mode)>(find("cublasSetMathMode"));
+    a.gemm_ex = reinterpret_cast<decltype(a.gemm_ex)>(find("cublasGemmEx"));
+    return a;
+  }();
+  return api;
+}
+
 void check_blas(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(std::string(what) + ": cuBLAS status " + std::to_string(static_cast<int>(s)));
 }
@@ -40,7 +84,7 @@ void blas_product(const device_matrix& w, const float* x, int64_t ldx, int32_t n
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   const int m = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
   if (w.type == tensor_type::f32) {
-    check_blas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w.qs, CUDA_R_32F, k, x, CUDA_R_32F,
+    check_blas(cublas().gemm_ex(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w.qs, CUDA_R_32F, k, x, CUDA_R_32F,
                             static_cast<int>(ldx), &beta, y, CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F,
                             CUBLAS_GEMM_DEFAULT),
                "cublasGemmEx (f32)");
@@ -57,7 +101,7 @@ void blas_product(const device_matrix& w, const float* x, int64_t ldx, int32_t n
   to_halves_kernel<<<blocks, 256, 0, s>>>(x, ldx, n, k, static_cast<uint16_t*>(scratch.halves), bf16 ? 1 : 0);
   check_launch("matmul: activations to fp16");
   const cudaDataType t = bf16 ? CUDA_R_16BF : CUDA_R_16F;
-  check_blas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w.qs, t, k, scratch.halves, t, k, &beta, y,
+  check_blas(cublas().gemm_ex(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w.qs, t, k, scratch.halves, t, k, &beta, y,
                           CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
              bf16 ? "cublasGemmEx (bf16)" : "cublasGemmEx (f16)");
 }
@@ -80,17 +124,17 @@ void check_product(const device_matrix& w, const q8_rows* xq, const char* what) 
 // 32 MiB: what cuBLAS asks for on Hopper.
 blas::blas(void* stream) : workspace_(32u << 20) {
   cublasHandle_t h = nullptr;
-  detail::check_blas(cublasCreate(&h), "cublasCreate");
+  detail::check_blas(detail::cublas().create(&h), "cublasCreate");
   h_ = h;
-  detail::check_blas(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  detail::check_blas(detail::cublas().set_math_mode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
   bind(stream);
 }
 
 void blas::bind(void* stream) {
   auto* h = static_cast<cublasHandle_t>(h_);
   // In this order: cublasSetStream resets the workspace to cuBLAS's default pool.
-  detail::check_blas(cublasSetStream(h, detail::stream_of(stream)), "cublasSetStream");
-  detail::check_blas(cublasSetWorkspace(h, workspace_.data(), workspace_.size()), "cublasSetWorkspace");
+  detail::check_blas(detail::cublas().set_stream(h, detail::stream_of(stream)), "cublasSetStream");
+  detail::check_blas(detail::cublas().set_workspace(h, workspace_.data(), workspace_.size()), "cublasSetWorkspace");
   stream_ = stream;
 }
 
@@ -100,7 +144,7 @@ void* blas::bound_to(void* stream) {
 }
 
 blas::~blas() {
-  if (h_) cublasDestroy(static_cast<cublasHandle_t>(h_));
+  if (h_) detail::cublas().destroy(static_cast<cublasHandle_t>(h_));
 }
 
 void matmul(const device_matrix& w, const float* x, int64_t ldx, const q8_rows* xq, int32_t n, float* y, int64_t ldy,
