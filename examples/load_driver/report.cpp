@@ -122,10 +122,7 @@ window_metrics count_window(const run_result& run, const run_metrics& m, double 
     const tier_metrics& t = m.tiers[static_cast<size_t>(r.plan.tier)];
     window_metrics::tier_counts& c = w.tiers[static_cast<size_t>(r.plan.tier)];
     const bool met = slo_met(r, t), can = feasible(r, t);
-    if (i < m.ideal.size() && m.ideal[i]) {
-      ++c.ideal;
-      c.ideal_met += met;
-    }
+    if (i < m.ideal.size() && m.ideal[i]) ++c.ideal;
     ++c.offered;
     c.tokens += r.plan.prompt_tokens + r.plan.max_tokens;
     c.met += met;
@@ -153,7 +150,10 @@ void measure_windows(const run_result& run, run_metrics& m) {
       const auto& c = w.tiers[k];
       if (c.feasible > 0) worst_slo = std::isnan(worst_slo) ? ratio(c.feasible_met, c.feasible) : std::min(worst_slo, ratio(c.feasible_met, c.feasible));
       if (c.completed > 0) worst_late = std::isnan(worst_late) ? ratio(c.late, c.completed) : std::max(worst_late, ratio(c.late, c.completed));
-      if (k == 0 && c.ideal > 0) worst_ideal = std::isnan(worst_ideal) ? ratio(c.ideal_met, c.ideal) : std::min(worst_ideal, ratio(c.ideal_met, c.ideal));
+      if (k == 0 && c.ideal > 0) {
+        const double share = std::min(1.0, ratio(c.feasible_met, c.ideal));
+        worst_ideal = std::isnan(worst_ideal) ? share : std::min(worst_ideal, share);
+      }
     }
     m.tiers[k].worst_window_slo_feasible = worst_slo;
     m.tiers[k].worst_window_late = worst_late;
@@ -277,8 +277,7 @@ nlohmann::json metrics_json(const tier_metrics& m) {
           {"slo_attainment_feasible", m.slo_feasible},
           {"worst_window_slo_feasible", m.worst_window_slo_feasible},
           {"ideal", m.ideal},
-          {"ideal_met", m.ideal_met},
-          {"slo_attainment_ideal", m.slo_ideal},
+          {"share_of_ideal", m.slo_ideal},
           {"worst_window_slo_ideal", m.worst_window_slo_ideal},
           {"worst_window_late_share", m.worst_window_late},
           {"goodput_tokens_per_s", m.goodput_tps},
@@ -384,12 +383,9 @@ run_metrics measure(const run_result& run, const scenario& s) {
     m.total.feasible += can;
     t.feasible_met += can && met;
     m.total.feasible_met += can && met;
-    if (m.ideal[i]) {
-      ++t.ideal;
-      t.ideal_met += met;
-    }
+    t.ideal += m.ideal[i];
   }
-  m.tiers.front().slo_ideal = ratio(m.tiers.front().ideal_met, m.tiers.front().ideal);
+  m.tiers.front().slo_ideal = std::min(1.0, ratio(m.tiers.front().feasible_met, m.tiers.front().ideal));
   const double window = run.measure_to_s - run.measure_from_s;
   for (size_t k = 0; k < m.tiers.size(); ++k) finish(m.tiers[k], x[k], window);
   finish(m.total, all, window);
@@ -468,7 +464,7 @@ std::vector<bar_check> check_bars(const std::vector<run_result>& runs, const std
     const run_result* prio = find_run(runs, admission_policy::priority, mult, &ip);
     if (m.top_tier_load <= 1.0) {
       record(windows, top.worst_window_slo_feasible >= 0.99 || std::isnan(top.worst_window_slo_feasible),
-             fmt::format("{:g}x worst {} ({} overall; of what an ideal engine could have put on time: worst {})", mult,
+             fmt::format("{:g}x worst {} ({} overall; of the most an ideal engine could have put on time: worst {})", mult,
                          pct(top.worst_window_slo_feasible), pct(top.slo_feasible), pct(top.worst_window_slo_ideal)));
     } else if (prio) {
       const double theirs = metrics[ip].tiers.front().slo_attainment;
@@ -599,9 +595,9 @@ std::string run_table(const run_result& run, const run_metrics& m, const scenari
   out += fmt::format("  SLO among feasible requests (could meet the TTFT target on an idle engine): {}\n", feasible);
   const tier_metrics& top = m.tiers.front();
   if (top.ideal > 0) {
-    out += fmt::format("  {}, among the requests an ideal engine could have put on time with the tier's own others "
-                       "(the tier alone, prefill only): {} ({} of {}), worst window {}\n",
-                       top.tier, pct(top.slo_ideal), top.ideal_met, top.ideal, pct(top.worst_window_slo_ideal));
+    out += fmt::format("  {}: {} on time of the at most {} an ideal engine could have put on time with the tier's own "
+                       "others (the tier alone, prefill only): {}, worst window {}\n",
+                       top.tier, top.feasible_met, top.ideal, pct(top.slo_ideal), pct(top.worst_window_slo_ideal));
   }
   std::string pauses;
   for (const tier_metrics& t : m.tiers) {

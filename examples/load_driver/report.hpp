@@ -39,10 +39,11 @@ struct tier_metrics {
   // Over the run's windows (a minute each) that hold any: the worst SLO among feasible
   // requests, and the worst late share of completions.
   double worst_window_slo_feasible = 0, worst_window_late = 0;
-  // The top tier only (NaN elsewhere): the requests an ideal engine could have put on time
-  // together (ideal.hpp), those of them that met their SLO, and that share overall and in the
-  // worst window.
-  int64_t ideal = 0, ideal_met = 0;
+  // The top tier only (NaN elsewhere): the most requests an ideal engine could have put on time
+  // together (ideal.hpp), and the feasible ones that met their SLO as a share of that (at most
+  // 1), overall and in the worst window. A count, not a membership: the engine may keep other
+  // requests on time than the ideal's choice, as many.
+  int64_t ideal = 0;
   double slo_ideal = std::numeric_limits<double>::quiet_NaN(), worst_window_slo_ideal = std::numeric_limits<double>::quiet_NaN();
   double goodput_tps = 0;     // completion tokens per second of the requests that met their SLO
   double completion_tps = 0;  // completion tokens per second of every completed request
@@ -52,7 +53,7 @@ struct tier_metrics {
 struct window_metrics {
   double from_s = 0, to_s = 0;
   struct tier_counts {
-    int64_t offered = 0, met = 0, feasible = 0, feasible_met = 0, completed = 0, late = 0, ideal = 0, ideal_met = 0;
+    int64_t offered = 0, met = 0, feasible = 0, feasible_met = 0, completed = 0, late = 0, ideal = 0;
     int64_t tokens = 0;  // prompt + max_tokens asked
   };
   std::vector<tier_counts> tiers;  // config order
