@@ -820,7 +820,11 @@ def test_python_client_total_deadline_bounds_retries(ctx):
             client.chat([{"role": "user", "content": "Hi"}], max_tokens=4)
             ctx.notes.append("the slot was free again within 0.5 s")
         except (tc.DeadlineExceeded, tc.Refused) as e:
+            # The last answer a server gave is the quota refusal; a try cut by the deadline itself
+            # (a loaded machine) is a DeadlineExceeded that carries that answer, not "unreachable".
             check(e.result is not None and e.result.reason == "quota_exceeded", f"{e}")
+            if "during try" in str(e):
+                ctx.notes.append(f"a try was cut by the deadline: {e}")
         check(time.monotonic() - t0 <= 0.5 + h.slack(2), "the deadline was not kept")
         check(all(e.waited_as_told for e in client.retry_log if e.told_ms >= 0), "a retry came back early")
     finally:

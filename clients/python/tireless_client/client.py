@@ -131,6 +131,11 @@ class Client:
                 self.retry_log.append(RetryLogEntry(told_ms if told_ms is not None else -1, waited, endpoint,
                                                     result.kind, result.reason, result.message,
                                                     bool(token) and endpoint == token_endpoint))
+            if result.reason == "unreachable" and self.clock() >= deadline:
+                # The try was cut by the total deadline, not refused by an endpoint: say so, with
+                # the last answer a server gave (its reason and retry hint) where there was one.
+                raise DeadlineExceeded(f"the deadline passed during try {attempt + 1} ({result.message})",
+                                       last if last is not None else result)
             last = result
             if result.ok:
                 self.breakers[endpoint].success()
