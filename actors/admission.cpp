@@ -1,6 +1,9 @@
 #include "actors/admission.hpp"
 
 #include <chrono>
+#include <functional>
+#include <limits>
+#include <queue>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -24,12 +27,37 @@ struct pending {
   caf::actor session;
 };
 
+// The timeouts of admitted requests: the session is told when its request's timeout passes.
+// One timer, for the earliest; an entry goes as soon as its request ends (finished in the
+// engine, refused or cancelled here), so an ended request's session is not held until its
+// timeout would have passed (a delayed message per request held it, up to 300 s by default).
+struct deadline_book {
+  struct entry {
+    caf::actor session;
+    int64_t deadline_ns;
+  };
+  using due_item = std::pair<int64_t, uint64_t>;  // deadline, request id
+  std::unordered_map<uint64_t, entry> held;
+  std::priority_queue<due_item, std::vector<due_item>, std::greater<>> due;  // may name ended ones
+  int64_t armed_for = std::numeric_limits<int64_t>::max();                   // the timer's deadline
+
+  void forget(uint64_t id) {
+    held.erase(id);
+    if (due.size() > 2 * held.size() + 1024) {  // mostly ended requests: rebuild from what is held
+      decltype(due) kept;
+      for (const auto& [rid, e] : held) kept.emplace(e.deadline_ns, rid);
+      due.swap(kept);
+    }
+  }
+};
+
 struct admission_state {
   std::shared_ptr<admission_gate> gate;  // every use of it holds its lock
   admission_control& control() { return gate->control(); }
   caf::actor engine;
   std::unordered_map<uint64_t, pending> queued;
   credit_ledger engine_room;  // the engine's waiting room: its last credits, and what was sent since
+  deadline_book deadlines;
   bool ticking = false;
   mailbox_stats mailbox{"admission"};
 };
@@ -79,6 +107,37 @@ void tick(self_ptr self) {
   self->delayed_send(self, expiry_period, tick_atom::value);
 }
 
+void arm(self_ptr self, int64_t now) {
+  deadline_book& book = self->state.deadlines;
+  while (!book.due.empty() && !book.held.count(book.due.top().second)) book.due.pop();
+  if (book.due.empty() || book.due.top().first >= book.armed_for) return;
+  book.armed_for = book.due.top().first;
+  self->delayed_send(self, std::chrono::nanoseconds(std::max<int64_t>(book.armed_for - now, 0)), deadline_atom::value);
+}
+
+void hold_until(self_ptr self, uint64_t id, const caf::actor& session, int64_t deadline, int64_t now) {
+  deadline_book& book = self->state.deadlines;
+  book.held[id] = {session, deadline};
+  book.due.emplace(deadline, id);
+  arm(self, now);
+}
+
+// The timer: every held session whose deadline passed is told so.
+void deadlines_due(self_ptr self) {
+  deadline_book& book = self->state.deadlines;
+  const int64_t now = now_ns(self);
+  book.armed_for = std::numeric_limits<int64_t>::max();
+  while (!book.due.empty() && book.due.top().first <= now) {
+    const uint64_t id = book.due.top().second;
+    book.due.pop();
+    auto it = book.held.find(id);
+    if (it == book.held.end()) continue;  // it ended before its deadline
+    self->send(it->second.session, deadline_atom::value);
+    book.held.erase(it);
+  }
+  arm(self, now);
+}
+
 void arrive(self_ptr self, generate_msg& msg, const caf::actor& session) {
   auto& st = self->state;
   auto b = msg.builder();
@@ -102,12 +161,9 @@ void arrive(self_ptr self, generate_msg& msg, const caf::actor& session) {
   b.setTtftTargetNs(d.ttft_target.count());
   b.setTpotTargetNs(d.tpot_target.count());
   if (d.start_within.count() > 0) b.setStartByNs(b.getArrivalNs() + d.start_within.count());
-  // The session's deadline, armed here rather than by the session so that requests refused
+  // The session's deadline, kept here rather than by the session so that requests refused
   // above cost no timer.
-  if (const int64_t deadline = b.getDeadlineNs(); deadline > 0) {
-    self->delayed_send(session, std::chrono::nanoseconds(std::max<int64_t>(deadline - a.now_ns, 0)),
-                       deadline_atom::value);
-  }
+  if (const int64_t deadline = b.getDeadlineNs(); deadline > 0) hold_until(self, a.id, session, deadline, a.now_ns);
   if (!d.degradations.empty()) {
     auto list = b.initDegradations(static_cast<unsigned>(d.degradations.size()));
     for (unsigned i = 0; i < d.degradations.size(); ++i) list.set(i, d.degradations[i]);
@@ -136,6 +192,7 @@ caf::behavior admission(self_ptr self, std::shared_ptr<admission_gate> gate) {
         auto lock = st.gate->lock();
         if (st.control().cancel(id, now_ns(self))) {
           st.queued.erase(id);
+          st.deadlines.forget(id);
         } else if (st.engine) {
           self->send(st.engine, cancel_atom::value, id);
         }
@@ -144,7 +201,9 @@ caf::behavior admission(self_ptr self, std::shared_ptr<admission_gate> gate) {
         note_mailbox(self->state.mailbox, self->mailbox().size());
         auto lock = self->state.gate->lock();
         self->state.control().finished(id, used_tokens, now_ns(self));
+        self->state.deadlines.forget(id);
       },
+      [=](deadline_atom) { deadlines_due(self); },
       [=](const credits_msg& m) {
         note_mailbox(self->state.mailbox, self->mailbox().size());
         auto& st = self->state;
@@ -167,6 +226,7 @@ caf::behavior admission(self_ptr self, std::shared_ptr<admission_gate> gate) {
                              (now - q.arrival_ns) / 1'000'000, q.tier),
                  std::max<int64_t>(100, static_cast<int64_t>(1000 * st.control().predicted_ttft(q.tier, q.prompt_tokens))));
           st.queued.erase(it);
+          st.deadlines.forget(q.id);
         }
         for (const admission_control::late_request& l : st.control().too_late_to_start(now)) {
           auto it = st.queued.find(l.q.id);
@@ -180,6 +240,7 @@ caf::behavior admission(self_ptr self, std::shared_ptr<admission_gate> gate) {
           d.retry_token = l.retry_token;
           reject(self, it->second.session, l.q.id, d);
           st.queued.erase(it);
+          st.deadlines.forget(l.q.id);
         }
         tick(self);
       },
@@ -187,7 +248,8 @@ caf::behavior admission(self_ptr self, std::shared_ptr<admission_gate> gate) {
         note_mailbox(self->state.mailbox, self->mailbox().size());
         auto lock = self->state.gate->lock();
         return admission_stats{self->state.control().queued(), self->state.mailbox.max_mailbox,
-                               self->state.control().queued_by_tier()};
+                               self->state.control().queued_by_tier(),
+                               static_cast<int32_t>(self->state.deadlines.held.size())};
       },
   };
 }

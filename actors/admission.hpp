@@ -21,6 +21,7 @@ struct admission_stats {
   int32_t queued = 0;
   int64_t max_mailbox = 0;
   std::vector<std::pair<std::string, int32_t>> queued_by_tier;  // highest priority first
+  int32_t timed_sessions = 0;  // admitted requests with a timeout, not ended: sessions held for it
 };
 
 }  // namespace tireless
@@ -41,6 +42,7 @@ struct admission_options {
 //   (generate_atom, generate_msg, session actor)  refuse (outcome to the session) or queue
 //   (cancel_atom, uint64_t request_id)           drop a queued request, or pass the cancel on
 //   (finished_atom, uint64_t request_id, int32_t used_tokens)  from the engine: it ended
+//   deadline_atom                                 its own timer: tell sessions their timeout passed
 //   credits_msg                                   from the engine (engine_credits)
 //   (attach_atom, engine actor)                  where to release requests
 //   stats_atom → admission_stats

@@ -98,6 +98,7 @@ void add_to(runtime_stats& s, const admission_stats& a) {
   s.queued_in_admission = a.queued;
   s.max_mailbox_admission = a.max_mailbox;
   s.queued_by_tier = a.queued_by_tier;
+  s.timed_sessions = a.timed_sessions;
 }
 
 void add_to(runtime_stats& s, const kv_stats& k) {
@@ -122,6 +123,7 @@ void add_replica(runtime_stats& t, const runtime_stats& r) {
   t.waiting_in_engine += r.waiting_in_engine;
   t.queued_in_admission += r.queued_in_admission;
   t.live_requests += r.live_requests;
+  t.timed_sessions += r.timed_sessions;
   t.kv_blocks_total += r.kv_blocks_total;
   t.kv_blocks_free += r.kv_blocks_free;
   t.kv_blocks_cached_free += r.kv_blocks_cached_free;

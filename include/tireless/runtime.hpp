@@ -90,6 +90,9 @@ struct runtime_stats {
   int64_t late_refusals = 0;
   // Requests waiting in admission, per tier (name, count), highest priority first.
   std::vector<std::pair<std::string, int32_t>> queued_by_tier;
+  // Admitted requests with a timeout that have not ended: admission holds their sessions to
+  // tell them when it passes (0 once every request ended).
+  int32_t timed_sessions = 0;
   // The largest mailbox each actor saw, sampled by the actor itself.
   int64_t max_mailbox_engine = 0, max_mailbox_admission = 0, max_mailbox_kv_manager = 0;
   // Requests inside the runtime at most (the door): what bounds every actor's mailbox.

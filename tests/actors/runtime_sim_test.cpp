@@ -119,6 +119,28 @@ TEST(runtime_sim, deadlines_end_requests_as_cancelled_deadline) {
   EXPECT_EQ(h.kv().blocks.free, h.kv().blocks.total);
 }
 
+TEST(runtime_sim, an_ended_requests_session_is_not_held_until_its_timeout) {
+  sim_harness h;
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 8; ++i) {
+    request r = tokens_request(20, 100 + i);
+    r.timeout = std::chrono::minutes(10);
+    ids.push_back(h.submit(r));
+  }
+  request slow = tokens_request(50, 1500);
+  slow.timeout = std::chrono::milliseconds(200);
+  const uint64_t slow_id = h.submit(slow);
+  h.run_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(h.admission().timed_sessions, 9);  // admitted, each waiting for its timeout
+  h.run_for(std::chrono::seconds(30));  // long past their ends, long before their timeouts
+  for (uint64_t id : ids) {
+    ASSERT_EQ(h.outcomes().count(id), 1u);
+    EXPECT_EQ(h.outcomes().at(id)[0].kind, outcome_kind::completed);
+  }
+  EXPECT_EQ(h.outcomes().at(slow_id)[0].reason, "deadline");  // the one timer still fires
+  EXPECT_EQ(h.admission().timed_sessions, 0);
+}
+
 TEST(runtime_sim, a_small_pool_preempts_and_every_request_still_completes) {
   harness_options o;
   o.kv_blocks = 24;  // 384 tokens: room for about three of these at once
