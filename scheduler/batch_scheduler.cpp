@@ -221,12 +221,12 @@ batch_scheduler::step_shape batch_scheduler::shape_step(const std::vector<const 
   // The least slack of all decodes bounds a longer step (those with more slack than two steps
   // at the budget's pace yield in it). decode_seconds: the decodes that run at that pace.
   int64_t decode_slack = no_deadline;
-  bool any_decode = false;
+  double all_decode_seconds = 0;  // every decode of the step, should none of them yield
   for (size_t k : placed) {
     const sequence& s = *order[k];
     if (!is_decode(s)) continue;
-    any_decode = true;
     decode_slack = std::min(decode_slack, s.next_token_due() - now);
+    all_decode_seconds += time.per_decode + time.per_context_position * s.computed;
   }
   if (decode_slack <= 0) return {time.seconds, none};
   // The prompts in line for prefill, the highest tier's first, each in its prefill order:
@@ -234,6 +234,17 @@ batch_scheduler::step_shape batch_scheduler::shape_step(const std::vector<const 
   // it, asks for a longer step, and its tier's prefill goes first.
   const double pace = std::clamp((time.seconds - time.c0 - decode_seconds) / time.per_prefill_token,
                                  static_cast<double>(min_step_prefill_tokens), static_cast<double>(limits_.max_step_tokens));
+  // A step that takes prompt tokens up to `tokens` in line (a chunk at most, beside every
+  // decode, a token to spare for rounding).
+  auto step_through = [&](double tokens) {
+    return time.c0 + all_decode_seconds +
+           time.per_prefill_token * (std::min(tokens, static_cast<double>(limits_.max_step_tokens)) + 1);
+  };
+  struct earlier_prompt {
+    double through;  // prompt tokens in line up to its last
+    int64_t due;
+  };
+  std::vector<earlier_prompt> earlier;
   double ahead = 0;  // prompt tokens in line before it
   for (size_t t = 0; t < prefills.size(); ++t) {
     for (const prefill_pick& p : prefills[t]) {
@@ -242,14 +253,25 @@ batch_scheduler::step_shape batch_scheduler::shape_step(const std::vector<const 
       ahead += left;
       if (s.generated > 0 || p.due == no_deadline) continue;
       const double steps = std::ceil(ahead / pace);
-      if (static_cast<double>(now) + steps * time.seconds * 1e9 <= static_cast<double>(p.due)) continue;
-      // Nobody waits for a token (no decode at all): a whole chunk of max_step_tokens, as on
-      // an idle engine.
-      if (!any_decode) return {std::max(time.seconds, time.c0 + time.per_prefill_token * limits_.max_step_tokens), t};
-      return {std::clamp(decode_slack == no_deadline ? max_step_stretch * time.seconds
-                                                     : static_cast<double>(decode_slack) * 1e-9 * time.headroom,
-                         time.seconds, max_step_stretch * time.seconds),
-              t};
+      if (static_cast<double>(now) + steps * time.seconds * 1e9 <= static_cast<double>(p.due)) {
+        earlier.push_back({ahead, p.due});
+        continue;
+      }
+      // As long as the prompts in line up to this one take in one step, and no longer than
+      // the decodes can wait: nothing of the prompt is left for a step after, and no lower
+      // tier's prefill fills a longer step that the prompt's first token would wait for.
+      const double wait = decode_slack == no_deadline ? std::numeric_limits<double>::infinity() : static_cast<double>(decode_slack) * 1e-9 * time.headroom;
+      double seconds = std::min(step_through(ahead), wait);
+      // But a prompt ahead in line that this step would make miss its deadline, and one
+      // ending with it would not: the step ends with it (the rest goes on in the next).
+      for (const earlier_prompt& e : earlier) {
+        const double by = static_cast<double>(e.due - now) * 1e-9 * time.headroom;
+        if (seconds > by && step_through(e.through) <= by) {
+          seconds = step_through(e.through);
+          break;
+        }
+      }
+      return {std::max(time.seconds, seconds), t};
     }
   }
   return {time.seconds, none};

@@ -53,11 +53,13 @@ struct step_time_budget {
   double headroom = 1;  // seconds is this share of the time target (for the model's error)
 };
 
-// A step runs at most this many times its budget, and only while every decode in it has the
-// slack (it is ahead of its one-token-per-TPOT deadline) and a waiting prompt's first-token
-// deadline would be missed at the budget's pace. Longer steps are longer gaps between a
-// stream's tokens; three budgets stay within the mean time per token the SLO promises. With
-// no decode at all (nobody waits for a token), such a step takes a whole max_step_tokens chunk.
+// A step runs longer than its budget only while a waiting prompt's first-token deadline would
+// be missed at the budget's pace, and only as long as every decode in it can wait (it is ahead
+// of its one-token-per-TPOT deadline, and no pause past longest_pause_ns): then as long as the
+// prompts in line up to that one take in one step (at most a max_step_tokens chunk), as on an
+// idle engine, so a prompt an idle engine could put on time loses no step overhead to the
+// decodes beside it when they have the slack to wait. A stream never pauses longer than its
+// tier's first-token target, nor than this many of its TPOTs:
 constexpr double max_step_stretch = 3.0;
 
 // Seconds a prompt's prefill takes on an idle engine, in chunks of max_step_tokens, by the
@@ -185,7 +187,7 @@ class batch_scheduler {
   // step's prefill budget goes to them.
   std::vector<prefill_pick> prefill_order(const std::vector<const sequence*>& order, const std::vector<size_t>& placed,
                                           size_t first, size_t last, const step_time_budget& time, int64_t now) const;
-  // This step's seconds: the budget's, or longer (max_step_stretch) within the decodes' slack
+  // This step's seconds: the budget's, or longer (see max_step_stretch) within the decodes' slack
   // when the first prompt in line (of the highest tier, in prefill order) that has a deadline
   // would miss it at the budget's pace; then from that prompt's tier on, prefill goes first:
   // the decodes of its tier and below whose next token is not due within two steps yield to

@@ -188,7 +188,7 @@ TEST(batch_scheduler, the_least_slack_peer_prefills_the_prompt_with_the_least_ti
 
 TEST(batch_scheduler, a_step_stretches_within_its_decodes_slack_when_a_prompt_would_miss_its_deadline) {
   // ~385 ms of prefill due in 400 ms: at a 50 ms budget's pace (~450 tokens a step) it takes 9
-  // steps, 450 ms. With no decode to wait for, the step runs up to max_step_stretch budgets.
+  // steps, 450 ms. With no decode to wait for, the step takes the whole prompt.
   {
     stepper s({.max_step_tokens = 4096, .max_step_seqs = 32});
     s.add(1, 2, 3800, 4, 400);
@@ -212,6 +212,53 @@ TEST(batch_scheduler, a_step_stretches_within_its_decodes_slack_when_a_prompt_wo
     s.add(1, 2, 3800, 4, 2000);
     EXPECT_LE(s.run(fifty_ms_steps()).at(1), 450);
   }
+}
+
+TEST(batch_scheduler, a_prompt_an_idle_engine_puts_on_time_is_done_in_one_step_when_the_decodes_beside_it_can_wait) {
+  // A premium prompt of 4,300 tokens due in 440 ms: 435 ms of prefill in one step, as on an
+  // idle engine, but 3 steps of max_step_stretch budgets (150 ms, ~1,450 tokens each) would
+  // take 450 ms with their step overhead. A free stream far ahead of its deadline (a token per
+  // 200 ms, a step of 50 ms each) can wait that long: the prompt goes in one step.
+  {
+    stepper s({.max_step_tokens = 8192, .max_step_seqs = 32}, 4096);
+    s.add(1, 0, 10, 1000, 1000, 200);
+    for (int i = 0; i < 20; ++i) s.run(fifty_ms_steps());
+    ASSERT_GE(s.token_times(1).size(), 18u);
+    s.add(2, 2, 4300, 4, 440, 50);
+    const auto step = s.run(fifty_ms_steps());
+    EXPECT_EQ(step.count(2) ? step.at(2) : 0, 4300) << "the prompt was cut into steps that miss its deadline";
+  }
+  // A stream of the prompt's tier (a token per 100 ms) 250 ms ahead of its next token's
+  // deadline: the step stretches past max_step_stretch budgets (~1,450 tokens), within that.
+  {
+    stepper s({.max_step_tokens = 8192, .max_step_seqs = 32}, 4096);
+    s.add(1, 2, 10, 1000, 250, 100);
+    for (int i = 0; i < 5; ++i) s.run(fifty_ms_steps());
+    const std::vector<int64_t> t = s.token_times(1);
+    ASSERT_EQ(t.size(), 5u);
+    const int64_t slack = t.front() + 5 * 100'000'000 - s.now();
+    ASSERT_EQ(slack, 300'000'000);
+    s.add(2, 2, 4300, 4, 440, 50);
+    const auto step = s.run(fifty_ms_steps());
+    EXPECT_EQ(step.count(1), 1u) << "the stream skipped the step it is due at the end of";
+    EXPECT_GT(step.count(2) ? step.at(2) : 0, 1450) << "the step kept max_step_stretch budgets";
+    EXPECT_LE(step.count(2) ? step.at(2) : 0, 2950) << "the step ran past the stream's next token (c0 5 ms, a decode 0.5 ms)";
+  }
+}
+
+TEST(batch_scheduler, a_step_stretched_for_a_prompt_further_back_ends_with_one_ahead_that_it_would_make_late) {
+  // Request 1 (1,300 tokens, due in 300 ms) is on time at the budget's pace; request 2 (2,300
+  // tokens, due in 420 ms) behind it is not (9 steps, 450 ms), though both are on an idle
+  // engine (135 + 235 ms). One step for both (~366 ms) would make request 1 late: the step
+  // ends with request 1 (~136 ms), and request 2 goes on in the next.
+  stepper s({.max_step_tokens = 8192, .max_step_seqs = 32}, 1024);
+  s.add(9, 2, 10, 1000, 10'000, 10'000);
+  s.run(fifty_ms_steps());
+  s.add(1, 2, 1300, 4, 300);
+  s.add(2, 2, 2300, 4, 420);
+  const auto step = s.run(fifty_ms_steps());
+  EXPECT_EQ(step.count(1) ? step.at(1) : 0, 1300) << "the step did not stretch to take request 1 whole";
+  EXPECT_LE(step.count(2) ? step.at(2) : 0, 16) << "the step ran on past request 1's deadline";
 }
 
 TEST(batch_scheduler, without_deadlines_a_tier_keeps_arrival_order) {
@@ -246,17 +293,22 @@ TEST(batch_scheduler, a_lower_tier_decode_yields_to_a_higher_tier_prompt_only_wi
 
 
 TEST(batch_scheduler, a_decode_ahead_of_its_deadline_yields_to_a_prompt_of_its_tier_or_higher_that_would_miss) {
-  // A decode due a token a second has slack; a 1800-token prompt due in 200 ms misses at the
-  // budget's pace beside it, so the decode yields when the prompt is of its tier or higher,
-  // never when it is of a lower tier.
+  // A decode due a token a second has slack; a 4300-token prompt due in 440 ms misses at the
+  // budget's pace beside it. Another decode (a token per 100 ms) is due in 200 ms: the step
+  // stretches to that, too short for the whole prompt, so the first decode yields when the
+  // prompt is of its tier or higher, never when it is of a lower tier; the second, due at
+  // the step's end, runs.
   for (const int32_t prompt_priority : {2, 3, 0}) {
-    stepper s({.max_step_tokens = 4096, .max_step_seqs = 32}, 1024);
+    stepper s({.max_step_tokens = 8192, .max_step_seqs = 32}, 1024);
     s.add(1, 2, 10, 1000, 10'000, 1000);
+    s.add(3, 2, 10, 1000, 10'000, 100);
     for (int i = 0; i < 3; ++i) s.run(fifty_ms_steps());
     ASSERT_EQ(s.token_times(1).size(), 3u);
-    s.add(2, prompt_priority, 1800, 4, 200, 50);
+    ASSERT_EQ(s.token_times(3).front() + 300'000'000 - s.now(), 200'000'000);
+    s.add(2, prompt_priority, 4300, 4, 440, 50);
     const auto step = s.run(fifty_ms_steps());
     EXPECT_GT(step.count(2), 0u) << "priority " << prompt_priority;
+    EXPECT_EQ(step.count(3), 1u) << "priority " << prompt_priority;
     EXPECT_EQ(step.count(1), prompt_priority >= 2 ? 0u : 1u) << "priority " << prompt_priority;
     // The yielding decode is never late.
     for (int i = 0; i < 40; ++i) s.run(fifty_ms_steps());
@@ -290,16 +342,20 @@ TEST(batch_scheduler, a_prompt_further_back_in_line_that_would_miss_its_deadline
   // Request 1 (400 tokens, due in 300 ms) is first in line and makes its deadline at the
   // budget's pace (~445 tokens a step); request 2 (4200 tokens, due in 500 ms) comes after it
   // and would not: 11 steps, 550 ms. A decode far ahead of its deadline leaves the slack, so
-  // the step stretches for request 2 although request 1, first in line, would not need it.
-  stepper s({.max_step_tokens = 8192, .max_step_seqs = 32});
+  // the step stretches for request 2 although request 1, first in line, would not need it:
+  // once request 1 is done (in a step of the budget: one for both would make it late),
+  // request 2 takes the next step whole.
+  stepper s({.max_step_tokens = 8192, .max_step_seqs = 32}, 1024);
   s.add(9, 2, 10, 1000, 10'000, 10'000);
   s.run(fifty_ms_steps());
   s.add(1, 2, 400, 4, 300);
   s.add(2, 2, 4200, 4, 500);
   const auto step = s.run(fifty_ms_steps());
   EXPECT_EQ(step.count(1) ? step.at(1) : 0, 400);
-  EXPECT_GT((step.count(1) ? step.at(1) : 0) + (step.count(2) ? step.at(2) : 0), 900)
-      << "the step kept the budget's pace though request 2 would miss at it";
+  const int32_t first = step.count(2) ? step.at(2) : 0;
+  EXPECT_LE(first, 50) << "the step ran on past request 1's deadline";
+  const auto next = s.run(fifty_ms_steps());
+  EXPECT_EQ(next.count(2) ? next.at(2) : 0, 4200 - first) << "the step kept the budget's pace though request 2 would miss at it";
   // Without request 2, request 1 alone gets the budget's pace.
   stepper alone({.max_step_tokens = 8192, .max_step_seqs = 32});
   alone.add(9, 2, 10, 1000, 10'000, 10'000);
