@@ -246,21 +246,6 @@ TEST(batch_scheduler, a_prompt_an_idle_engine_puts_on_time_is_done_in_one_step_w
   }
 }
 
-TEST(batch_scheduler, a_step_stretched_for_a_prompt_further_back_ends_with_one_ahead_that_it_would_make_late) {
-  // Request 1 (1,300 tokens, due in 300 ms) is on time at the budget's pace; request 2 (2,300
-  // tokens, due in 420 ms) behind it is not (9 steps, 450 ms), though both are on an idle
-  // engine (135 + 235 ms). One step for both (~366 ms) would make request 1 late: the step
-  // ends with request 1 (~136 ms), and request 2 goes on in the next.
-  stepper s({.max_step_tokens = 8192, .max_step_seqs = 32}, 1024);
-  s.add(9, 2, 10, 1000, 10'000, 10'000);
-  s.run(fifty_ms_steps());
-  s.add(1, 2, 1300, 4, 300);
-  s.add(2, 2, 2300, 4, 420);
-  const auto step = s.run(fifty_ms_steps());
-  EXPECT_EQ(step.count(1) ? step.at(1) : 0, 1300) << "the step did not stretch to take request 1 whole";
-  EXPECT_LE(step.count(2) ? step.at(2) : 0, 16) << "the step ran on past request 1's deadline";
-}
-
 TEST(batch_scheduler, without_deadlines_a_tier_keeps_arrival_order) {
   stepper s({.max_step_tokens = 256, .max_step_seqs = 32});
   s.add(1, 2, 2000, 4);
@@ -344,18 +329,30 @@ TEST(batch_scheduler, a_prompt_further_back_in_line_that_would_miss_its_deadline
   // and would not: 11 steps, 550 ms. A decode far ahead of its deadline leaves the slack, so
   // the step stretches for request 2 although request 1, first in line, would not need it:
   // once request 1 is done (in a step of the budget: one for both would make it late),
-  // request 2 takes the next step whole.
-  stepper s({.max_step_tokens = 8192, .max_step_seqs = 32}, 1024);
-  s.add(9, 2, 10, 1000, 10'000, 10'000);
-  s.run(fifty_ms_steps());
-  s.add(1, 2, 400, 4, 300);
-  s.add(2, 2, 4200, 4, 500);
-  const auto step = s.run(fifty_ms_steps());
-  EXPECT_EQ(step.count(1) ? step.at(1) : 0, 400);
-  const int32_t first = step.count(2) ? step.at(2) : 0;
-  EXPECT_LE(first, 50) << "the step ran on past request 1's deadline";
-  const auto next = s.run(fifty_ms_steps());
-  EXPECT_EQ(next.count(2) ? next.at(2) : 0, 4200 - first) << "the step kept the budget's pace though request 2 would miss at it";
+  // request 2 takes the next step whole. Then request 1 of 1,300 tokens (due in 300 ms) and
+  // request 2 of 2,300 (due in 420 ms: 9 steps at the budget's pace, 450 ms, though both are
+  // on time on an idle engine, 135 + 235 ms): one step for both (~366 ms) would make request 1
+  // late, so the step stretches to take request 1 whole (~136 ms) and ends with it.
+  struct line {
+    int32_t first_tokens;
+    int64_t first_due_ms;
+    int32_t second_tokens;
+    int64_t second_due_ms;
+  };
+  for (const line& l : {line{400, 300, 4200, 500}, line{1300, 300, 2300, 420}}) {
+    stepper s({.max_step_tokens = 8192, .max_step_seqs = 32}, 1024);
+    s.add(9, 2, 10, 1000, 10'000, 10'000);
+    s.run(fifty_ms_steps());
+    s.add(1, 2, l.first_tokens, 4, l.first_due_ms);
+    s.add(2, 2, l.second_tokens, 4, l.second_due_ms);
+    const auto step = s.run(fifty_ms_steps());
+    EXPECT_EQ(step.count(1) ? step.at(1) : 0, l.first_tokens) << "request 1 was not taken whole";
+    const int32_t first = step.count(2) ? step.at(2) : 0;
+    EXPECT_LE(first, 50) << "the step ran on past request 1's deadline (" << l.first_tokens << " tokens)";
+    if (l.first_tokens > 1000) continue;  // the stepper's clock moves 50 ms, not the step's length
+    const auto next = s.run(fifty_ms_steps());
+    EXPECT_EQ(next.count(2) ? next.at(2) : 0, l.second_tokens - first) << "the step kept the budget's pace though request 2 would miss at it";
+  }
   // Without request 2, request 1 alone gets the budget's pace.
   stepper alone({.max_step_tokens = 8192, .max_step_seqs = 32});
   alone.add(9, 2, 10, 1000, 10'000, 10'000);
