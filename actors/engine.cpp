@@ -21,6 +21,7 @@ struct engine_state {
   caf::actor kv, shard, admission;
   std::unordered_map<seq_id, caf::actor> sessions;
   uint64_t step_id = 0;
+  int64_t wake_at = 0;  // a wake-up is due then (0: none)
   mailbox_stats mailbox{"engine"};
 };
 
@@ -67,6 +68,16 @@ void run_step(self_ptr self, step_request_msg msg, int attempt) {
           });
 }
 
+// Nothing can run until an event or until `at` (the core's clock): a step is proposed then,
+// unless an earlier wake-up is due already.
+void wake_at(self_ptr self, int64_t at) {
+  auto& st = self->state;
+  const int64_t now = now_ns(self);
+  if (st.wake_at > now && st.wake_at <= at) return;
+  st.wake_at = at;
+  self->delayed_send(self, std::chrono::nanoseconds(std::max<int64_t>(at - now, 0)), wake_atom::value);
+}
+
 void kick(self_ptr self) {
   auto& st = self->state;
   auto req = st.core->propose(now_ns(self));
@@ -79,7 +90,11 @@ void kick(self_ptr self) {
             if (step.batch.seqs.empty()) {
               deliver(self);
               send_credits(self);
-              if (step.propose_again) kick(self);
+              if (step.propose_again) {
+                kick(self);
+              } else if (step.wake_at) {
+                wake_at(self, *step.wake_at);
+              }
               return;
             }
             // The batch's spans point into the core's sequences until commit; the message copies.
@@ -124,6 +139,10 @@ caf::behavior engine(self_ptr self, engine_options o, caf::actor kv, caf::actor 
       [=](ack_atom, uint64_t id, int32_t n) {
         note_mailbox(self->state.mailbox, self->mailbox().size());
         self->state.core->acknowledge(id, n);
+        kick(self);
+      },
+      [=](wake_atom) {
+        self->state.wake_at = 0;
         kick(self);
       },
       [=](stats_atom) {

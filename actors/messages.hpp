@@ -40,6 +40,7 @@ using attach_atom = caf::atom_constant<caf::atom("attach")>;
 using crash_atom = caf::atom_constant<caf::atom("crash")>;
 using hold_atom = caf::atom_constant<caf::atom("hold")>;
 using finished_atom = caf::atom_constant<caf::atom("finished")>;
+using wake_atom = caf::atom_constant<caf::atom("wake")>;
 
 }  // namespace tireless
 

@@ -148,7 +148,7 @@ std::vector<batch_scheduler::prefill_pick> batch_scheduler::prefill_order(const 
   std::vector<candidate> c;
   for (size_t k = first; k < last; ++k) {
     const sequence& s = *order[placed[k]];
-    if (is_decode(s)) continue;
+    if (is_decode(s) || s.pool_refused) continue;
     const int64_t due = s.next_token_due();
     const auto left = static_cast<int32_t>(s.tokens.size()) - s.computed;
     const double seconds = idle_prefill_seconds(left, time, limits_.max_step_tokens);
@@ -278,6 +278,14 @@ batch_scheduler::step_shape batch_scheduler::shape_step(const std::vector<const 
 }
 
 kv_request batch_scheduler::propose(const step_time_budget& time, int64_t now) {
+  // Blocks came back (a request ended, was cancelled or preempted), or no request holds any:
+  // the prompts the pool refused are in line again.
+  const bool any_running = std::any_of(seqs_.begin(), seqs_.end(), [](const auto& kv) { return kv.second.running; });
+  if (!releases_.empty() || released_ || !any_running) {
+    for (auto& [id, s] : seqs_) s.pool_refused = false;
+  }
+  released_ = false;
+  replan_ = false;
   kv_request r;
   r.releases = std::move(releases_);
   releases_.clear();
@@ -309,6 +317,7 @@ kv_request batch_scheduler::propose(const step_time_budget& time, int64_t now) {
   }
   std::vector<int32_t> tokens(order.size(), 0);
   int32_t budget = limits_.max_step_tokens;
+  double left = std::numeric_limits<double>::infinity();  // of the step's seconds, with a time budget
   if (time.seconds <= 0) {
     // Only tokens limit the step: one token for every decode first, then prefill chunks tier
     // by tier, so decodes never starve behind a prefill the KV pool may refuse.
@@ -340,7 +349,7 @@ kv_request batch_scheduler::propose(const step_time_budget& time, int64_t now) {
     // request is never starved by running decodes that fill the step's time).
     const step_shape shape = shape_step(order, placed, prefills, time, decode_seconds, now);
     const double seconds = shape.seconds;
-    double left = seconds - time.c0;
+    left = seconds - time.c0;
     int32_t prefill_floor = min_step_prefill_tokens;
     auto decode_cost = [&](const sequence& s) { return time.per_decode + time.per_context_position * s.computed; };
     auto place_decode = [&](size_t i) {
@@ -389,6 +398,20 @@ kv_request batch_scheduler::propose(const step_time_budget& time, int64_t now) {
     // take what time is left.
     for (size_t t = shape.prefill_first; t < n_tiers; ++t) place_decodes(t);
   }
+  // Prompts the pool refused take what the step leaves: proposed, so they start once there is
+  // room, but nothing yields to them.
+  for (size_t i : placed) {
+    const sequence& s = *order[i];
+    if (!s.pool_refused || budget <= 0) continue;
+    const int32_t fit = time.seconds > 0 && time.per_prefill_token > 0
+                            ? static_cast<int32_t>(std::max(left, 0.0) / time.per_prefill_token)
+                            : budget;
+    const int32_t n = std::min({static_cast<int32_t>(s.tokens.size()) - s.computed, budget, fit});
+    if (n <= 0) continue;
+    tokens[i] = n;
+    budget -= n;
+    left -= n * time.per_prefill_token;
+  }
   r.entries.reserve(order.size());
   plan_.reserve(order.size());
   for (size_t i = 0; i < order.size(); ++i) {
@@ -423,13 +446,20 @@ step_batch batch_scheduler::finalize(const kv_reply& reply) {
     s.shard_history = 0;
     ++s.preemptions;
     pending_events_.push_back({scheduler_event::kind::preempted, p, {}, {}});
+    released_ = replan_ = true;
   }
   batch_.seqs.clear();
   batch_seqs_.clear();
   for (size_t i = 0; i < plan_.size(); ++i) {
     const kv_grant& g = reply.grants[i];
     auto it = seqs_.find(plan_[i].seq);
-    if (!g.granted) continue;
+    if (!g.granted) {
+      if (it != seqs_.end() && !it->second.running && !it->second.pool_refused) {
+        it->second.pool_refused = true;
+        replan_ = true;
+      }
+      continue;
+    }
     if (it == seqs_.end()) {  // cancelled while the KV request was out: give the blocks back
       if (std::find(releases_.begin(), releases_.end(), plan_[i].seq) == releases_.end()) releases_.push_back(plan_[i].seq);
       continue;
@@ -527,6 +557,22 @@ bool batch_scheduler::has_work() const {
     if (!s.paused()) return true;
   }
   return false;
+}
+
+std::optional<int64_t> batch_scheduler::wake_at(int64_t now, const step_time_budget& time) const {
+  int64_t at = no_deadline;
+  const auto two_steps = static_cast<int64_t>(2e9 * time.seconds);
+  for (const auto& [id, s] : seqs_) {
+    if (s.running && is_decode(s) && !s.paused()) {
+      const int64_t due = s.next_token_due();
+      if (due != no_deadline) at = std::min(at, due - two_steps);
+    } else if (!s.running && s.generated == 0 && s.preemptions == 0 && s.spec.start_by > 0) {
+      const double prefill = idle_prefill_seconds(static_cast<int32_t>(s.tokens.size()), time, limits_.max_step_tokens);
+      at = std::min(at, s.spec.start_by - static_cast<int64_t>(prefill * 1e9) + 1);
+    }
+  }
+  if (at == no_deadline) return std::nullopt;
+  return std::max(at, now + std::max<int64_t>(static_cast<int64_t>(time.seconds * 1e9), 1'000'000));
 }
 
 sequence_counts batch_scheduler::counts(const step_time_budget& time) const {

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -134,6 +135,15 @@ class batch_scheduler {
   std::vector<scheduler_event> commit(const step_result& result, int64_t now = 0);
 
   bool has_work() const;          // something could run if blocks allow
+  // The KV pool's last answer changed what propose() would plan (it refused a prompt it had
+  // not refused since blocks last came back, or it preempted): true once, then false until
+  // the next such answer. A step that ran nothing proposes again then.
+  bool take_replan() { return std::exchange(replan_, false); }
+  // When, with no event meanwhile, propose() would first plan differently: a waiting request
+  // reaches its start bound, or a stream that yields comes due (on the sequences' clock, at
+  // least a step after `now`); none without deadlines. A step that ran nothing proposes again
+  // then, so no request waits on an event that never comes.
+  std::optional<int64_t> wake_at(int64_t now, const step_time_budget& time) const;
   bool knows(seq_id seq) const { return seqs_.count(seq) != 0; }
   // `time`: the model by which a prompt is infeasible (none: every prompt counts as feasible).
   sequence_counts counts(const step_time_budget& time = step_time_budget{}) const;
@@ -161,6 +171,9 @@ class batch_scheduler {
     int32_t shard_history = 0;     // leading tokens the shard got for the penalties, likewise
     int64_t first_token_at = -1;   // the `now` of the commit that produced it
     int64_t last_token_at = -1;    // likewise, of its latest token
+    // The KV pool refused to admit it, and no blocks came back since: it takes only what a
+    // step leaves, so no stream yields to a prompt that cannot start.
+    bool pool_refused = false;
     bool paused() const { return spec.token_window > 0 && window <= 0; }
     // When the next token is due (nanoseconds): the first by arrival + its tier's target, then
     // by its one-token-per-TPOT deadline, and at most longest_pause_ns() after its latest
@@ -209,6 +222,8 @@ class batch_scheduler {
   step_batch batch_;
   std::vector<scheduler_event> pending_events_;  // preemptions seen in finalize
   std::vector<kv_commit> commits_;
+  bool replan_ = false;    // see take_replan()
+  bool released_ = false;  // the pool preempted since the last propose(): blocks came back
 };
 
 }  // namespace tireless

@@ -150,12 +150,16 @@ engine_core::granted_step engine_core::granted(const kv_reply& reply, int64_t no
   stepping_ = false;
   fail_unplaceable(reply);
   // Nothing ran. Propose again if something changed meanwhile (an ack or a cancel that
-  // arrived while the KV request was out), or if this grant started a request: its cached
+  // arrived while the KV request was out), if this grant started a request (its cached
   // prefix may already cover what the step's budget planned for it, and the rest needs
-  // another grant. Otherwise nothing can run, and proposing would spin.
+  // another grant), or if the pool's answer changes the plan (a prompt it refused no longer
+  // takes the step from the streams that yielded to it; blocks came back). Otherwise
+  // proposing now would spin: propose again when time alone changes the plan.
   bool started = false;
   for (size_t i = 0; i < proposed_.entries.size(); ++i) started |= proposed_.entries[i].admit && reply.grants[i].granted;
-  g.propose_again = changed_ || started;
+  const bool replan = core_.take_replan();
+  g.propose_again = changed_ || started || replan;
+  if (!g.propose_again && core_.has_work()) g.wake_at = core_.wake_at(now, budget());
   return g;
 }
 

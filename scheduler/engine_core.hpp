@@ -96,6 +96,10 @@ class engine_core {
     std::vector<std::pair<block_id, block_id>> copies;
     std::vector<seq_id> forget;  // the shard may drop these sequences' block tables
     bool propose_again = false;  // nothing ran, but proposing again may place something
+    // Nothing ran and proposing now would not change that: propose again at this time (on the
+    // requests' clock), when a waiting request reaches its start bound or a stream that
+    // yielded comes due, unless an event comes first. None: only an event can change it.
+    std::optional<int64_t> wake_at;
   };
   // The KV pool's answer to propose()'s request.
   granted_step granted(const kv_reply& reply, int64_t now);

@@ -184,6 +184,38 @@ TEST(runtime_sim, a_cached_prefix_longer_than_a_steps_budget_does_not_stall_its_
   EXPECT_EQ(h.kv().blocks.free, h.kv().blocks.total);
 }
 
+// The soak's first minute, on the sim: eight premium documents at once, more than the pool
+// holds, twice (the second round finds their prefixes cached). A document that would miss its
+// first-token deadline took the whole step from the streams beside it, the pool refused it, and
+// the next step planned the same: the streams waited for an event that never came, and every
+// request stalled after admission until its timeout.
+TEST(runtime_sim, streams_do_not_wait_for_a_prompt_the_pool_cannot_hold) {
+  harness_options o;
+  o.policy = admission_policy::tireless;
+  o.kv_blocks = 96;  // 1536 positions: about five of these at once
+  o.step_time_target_seconds = 0.15;
+  auto t = harness_options::tier("premium", 3, 64);
+  t.ttft = std::chrono::milliseconds(1000);
+  t.tpot = std::chrono::milliseconds(150);
+  t.sheddable = false;  // as premium in config/tireless.toml: served, however late
+  o.tiers = {t};
+  sim_harness h(o);
+  for (int round = 0; round < 2; ++round) {
+    std::vector<uint64_t> ids;
+    for (int i = 0; i < 8; ++i) ids.push_back(h.submit(tokens_request(290, 24, i)));
+    h.run();
+    for (uint64_t id : ids) {
+      ASSERT_EQ(h.outcomes().count(id), 1u) << "round " << round << ": request " << id << " never ended";
+      const outcome& out = h.outcomes().at(id)[0];
+      EXPECT_EQ(out.kind, outcome_kind::completed) << "round " << round << ": " << out.message;
+      EXPECT_EQ(out.tokens.size(), 24u);
+    }
+  }
+  const auto e = h.engine();
+  EXPECT_EQ(e.running + e.waiting, 0);
+  EXPECT_EQ(h.kv().blocks.free, h.kv().blocks.total);
+}
+
 TEST(runtime_sim, a_crashing_shard_is_restarted_and_no_request_is_lost) {
   harness_options o;
   o.crash_probability = 0.05;

@@ -302,6 +302,34 @@ TEST(batch_scheduler, a_decode_ahead_of_its_deadline_yields_to_a_prompt_of_its_t
   }
 }
 
+TEST(batch_scheduler, streams_never_yield_again_to_a_prompt_the_kv_pool_refused_until_blocks_come_back) {
+  // Two streams far ahead of their deadlines hold 14 blocks of a pool of 16. A 150-token
+  // prompt would miss its first-token deadline at the budget's pace, so its first chunk takes
+  // the step's whole token budget and the streams yield; but the pool cannot hold that chunk
+  // (4 blocks). Yielding again would stall the streams for good: nothing else changes (the
+  // engine proposes again only on an event). So the next step runs them, and the prompt takes
+  // only what a step leaves until blocks come back; then it is served.
+  stepper s({.max_step_tokens = 64, .max_step_seqs = 32}, 16);
+  s.add(1, 2, 200, 8, 10'000, 1000);
+  s.add(2, 2, 10, 8, 10'000, 1000);
+  for (int i = 0; i < 6; ++i) s.run(fifty_ms_steps());
+  ASSERT_EQ(s.token_times(1).size(), 3u);
+  s.add(3, 2, 150, 4, 120, 50);
+  const auto refused = s.run(fifty_ms_steps());
+  EXPECT_EQ(refused.count(3), 0u);
+  EXPECT_EQ(refused.count(1), 0u) << "the stream did not yield to the prompt at risk";
+  EXPECT_TRUE(s.core().take_replan()) << "the refusal changes the plan: propose again";
+  EXPECT_FALSE(s.core().take_replan());
+  const auto next = s.run(fifty_ms_steps());
+  EXPECT_EQ(next.count(1), 1u);
+  EXPECT_EQ(next.count(2), 1u);
+  EXPECT_EQ(next.count(3), 0u);
+  EXPECT_FALSE(s.core().take_replan()) << "refused again, as known: nothing new";
+  // The streams end (8 tokens each) and give their blocks back: the prompt is served.
+  for (int i = 0; i < 20 && s.finished().size() < 3; ++i) s.run(fifty_ms_steps());
+  EXPECT_EQ(s.finished(), (std::vector<seq_id>{1, 2, 3}));
+}
+
 TEST(batch_scheduler, a_stream_far_ahead_of_its_deadline_never_pauses_longer_than_its_tier_waits_for_a_first_token) {
   // A free stream (a token per 200 ms, the first within 400 ms) runs alone at a token a step
   // (50 ms) for 60 steps: ~9 s ahead of its deadline. Then a premium prompt fills every step

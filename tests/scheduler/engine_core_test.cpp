@@ -27,6 +27,7 @@ class engine_loop {
     std::iota(s.prompt.begin(), s.prompt.end(), static_cast<token_id>(same_prompts ? 100 : 100 * id));
     s.max_tokens = max_tokens;
     s.sampling = sampling;
+    s.token_window = token_window;
     s.ttft_target_ns = ttft_ms * 1'000'000;
     if (start_within_ms > 0) s.start_by = now_ + start_within_ms * 1'000'000;
     core_.add(std::move(s), std::move(degradations), "t" + std::to_string(id));
@@ -42,6 +43,8 @@ class engine_loop {
     if (!request) return false;
     const kv_reply reply = plan_kv(blocks_, *request);
     auto g = core_.granted(reply, now_);
+    idle_ = g.batch.seqs.empty() && !g.propose_again;
+    wake_at_ = g.wake_at;
     if (g.batch.seqs.empty()) {
       collect();
       return true;
@@ -86,6 +89,11 @@ class engine_loop {
     }
   }
   void wait(int64_t ms) { now_ += ms * 1'000'000; }
+  void wait_until(int64_t t) { now_ = std::max(now_, t); }
+  // The last step ran nothing, and proposing again before an event or wake_at() would not change that.
+  bool idle() const { return idle_; }
+  std::optional<int64_t> wake_at() const { return wake_at_; }
+  int64_t now() const { return now_; }
   void lose_backend(const std::string& why) {
     core_.lose_backend(why);
     collect();
@@ -101,6 +109,7 @@ class engine_loop {
   const std::map<seq_id, std::vector<int32_t>>& shard_histories() const { return shard_histories_; }
   int penalized_steps() const { return penalized_steps_; }
   sampling_params sampling;  // of the requests add() makes
+  int32_t token_window = 0;  // likewise: tokens it may emit before the client acknowledges
   bool same_prompts = false;  // add() gives every request the same prompt
 
  private:
@@ -129,6 +138,8 @@ class engine_loop {
   std::map<seq_id, int> ended_;
   std::map<seq_id, std::vector<int32_t>> shard_tables_, shard_histories_;
   int penalized_steps_ = 0;
+  bool idle_ = false;
+  std::optional<int64_t> wake_at_;
 };
 
 engine_options small_engine() {
@@ -253,6 +264,36 @@ TEST(engine_core, a_late_refusal_reserves_its_clients_return_in_the_shared_book)
   EXPECT_FALSE(opts.retry_reservations->held(o.retry_token, "someone-else", refused_at + 400'000'000));
   EXPECT_TRUE(opts.retry_reservations->take(o.retry_token, "t1", refused_at + 400'000'000));
   EXPECT_FALSE(opts.retry_reservations->take(o.retry_token, "t1", refused_at + 400'000'000));
+}
+
+TEST(engine_core, a_request_waiting_for_blocks_that_paused_streams_hold_is_refused_at_its_start_bound_with_no_event) {
+  // Two streams whose clients stopped reading (a window of 2 tokens, never acknowledged) hold
+  // 14 of the pool's 16 blocks and used their preemptions (none allowed here), so a third
+  // request cannot start. No event will come (nobody reads, nothing ends): the engine is told
+  // when to look again, and then refuses it.
+  engine_options o = small_engine();
+  o.limits.max_preemptions = 0;
+  engine_loop e(o, /*n_blocks=*/16);
+  e.token_window = 2;
+  e.add(1, 26, 10);
+  e.add(2, 26, 10);
+  e.run(20);
+  ASSERT_EQ(e.tokens(1), 2);
+  ASSERT_EQ(e.tokens(2), 2);
+  e.token_window = 0;
+  e.add(3, 20, 4, /*ttft_ms=*/100, /*start_within_ms=*/300);
+  const int64_t start_by = e.now() + 300'000'000;
+  for (int i = 0; i < 10 && !e.idle(); ++i) ASSERT_TRUE(e.step());
+  ASSERT_TRUE(e.idle());
+  EXPECT_EQ(e.ended(3), 0);
+  ASSERT_TRUE(e.wake_at().has_value()) << "idle with a request waiting, and nothing to wake the engine";
+  EXPECT_GT(*e.wake_at(), start_by);
+  EXPECT_LE(*e.wake_at(), start_by + 1'000'000);
+  e.wait_until(*e.wake_at());
+  e.step();
+  ASSERT_EQ(e.ended(3), 1);
+  EXPECT_EQ(e.outcomes().at(3).kind, outcome_kind::rejected);
+  EXPECT_EQ(e.outcomes().at(3).reason, reason::overloaded);
 }
 
 TEST(engine_core, a_request_the_pool_can_never_hold_fails_with_what_to_do_instead_of_waiting_forever) {
