@@ -148,7 +148,7 @@ std::vector<batch_scheduler::prefill_pick> batch_scheduler::prefill_order(const 
   std::vector<candidate> c;
   for (size_t k = first; k < last; ++k) {
     const sequence& s = *order[placed[k]];
-    if (is_decode(s) || s.pool_refused) continue;
+    if (is_decode(s)) continue;
     const int64_t due = s.next_token_due();
     const auto left = static_cast<int32_t>(s.tokens.size()) - s.computed;
     const double seconds = idle_prefill_seconds(left, time, limits_.max_step_tokens);
@@ -278,13 +278,8 @@ batch_scheduler::step_shape batch_scheduler::shape_step(const std::vector<const 
 }
 
 kv_request batch_scheduler::propose(const step_time_budget& time, int64_t now) {
-  // Blocks came back (a request ended, was cancelled or preempted), or no request holds any:
-  // the prompts the pool refused are in line again.
   const bool any_running = std::any_of(seqs_.begin(), seqs_.end(), [](const auto& kv) { return kv.second.running; });
-  if (!releases_.empty() || released_ || !any_running) {
-    for (auto& [id, s] : seqs_) s.pool_refused = false;
-  }
-  released_ = false;
+  if (!releases_.empty() || !any_running) ++release_epoch_;
   replan_ = false;
   kv_request r;
   r.releases = std::move(releases_);
@@ -301,7 +296,7 @@ kv_request batch_scheduler::propose(const step_time_budget& time, int64_t now) {
   for (size_t i = 0; i < order.size(); ++i) {
     const sequence& s = *order[i];
     if (static_cast<int32_t>(placed.size()) >= limits_.max_step_seqs) break;
-    if (!s.paused() && static_cast<int32_t>(s.tokens.size()) > s.computed) placed.push_back(i);
+    if (!s.paused() && !refused(s) && static_cast<int32_t>(s.tokens.size()) > s.computed) placed.push_back(i);
   }
   // The tiers: placed[tiers[t]..tiers[t + 1]) share a priority.
   std::vector<size_t> tiers;
@@ -317,7 +312,6 @@ kv_request batch_scheduler::propose(const step_time_budget& time, int64_t now) {
   }
   std::vector<int32_t> tokens(order.size(), 0);
   int32_t budget = limits_.max_step_tokens;
-  double left = std::numeric_limits<double>::infinity();  // of the step's seconds, with a time budget
   if (time.seconds <= 0) {
     // Only tokens limit the step: one token for every decode first, then prefill chunks tier
     // by tier, so decodes never starve behind a prefill the KV pool may refuse.
@@ -349,7 +343,7 @@ kv_request batch_scheduler::propose(const step_time_budget& time, int64_t now) {
     // request is never starved by running decodes that fill the step's time).
     const step_shape shape = shape_step(order, placed, prefills, time, decode_seconds, now);
     const double seconds = shape.seconds;
-    left = seconds - time.c0;
+    double left = seconds - time.c0;
     int32_t prefill_floor = min_step_prefill_tokens;
     auto decode_cost = [&](const sequence& s) { return time.per_decode + time.per_context_position * s.computed; };
     auto place_decode = [&](size_t i) {
@@ -398,20 +392,6 @@ kv_request batch_scheduler::propose(const step_time_budget& time, int64_t now) {
     // take what time is left.
     for (size_t t = shape.prefill_first; t < n_tiers; ++t) place_decodes(t);
   }
-  // Prompts the pool refused take what the step leaves: proposed, so they start once there is
-  // room, but nothing yields to them.
-  for (size_t i : placed) {
-    const sequence& s = *order[i];
-    if (!s.pool_refused || budget <= 0) continue;
-    const int32_t fit = time.seconds > 0 && time.per_prefill_token > 0
-                            ? static_cast<int32_t>(std::max(left, 0.0) / time.per_prefill_token)
-                            : budget;
-    const int32_t n = std::min({static_cast<int32_t>(s.tokens.size()) - s.computed, budget, fit});
-    if (n <= 0) continue;
-    tokens[i] = n;
-    budget -= n;
-    left -= n * time.per_prefill_token;
-  }
   r.entries.reserve(order.size());
   plan_.reserve(order.size());
   for (size_t i = 0; i < order.size(); ++i) {
@@ -433,6 +413,7 @@ kv_request batch_scheduler::propose(const step_time_budget& time, int64_t now) {
 
 step_batch batch_scheduler::finalize(const kv_reply& reply) {
   assert(reply.grants.size() == plan_.size());
+  replan_ = replan_ || !reply.preempted.empty();
   for (seq_id p : reply.preempted) {
     auto it = seqs_.find(p);
     if (it == seqs_.end()) continue;
@@ -445,8 +426,8 @@ step_batch batch_scheduler::finalize(const kv_reply& reply) {
     s.shard_has = 0;
     s.shard_history = 0;
     ++s.preemptions;
+    s.refused_epoch = release_epoch_;
     pending_events_.push_back({scheduler_event::kind::preempted, p, {}, {}});
-    released_ = replan_ = true;
   }
   batch_.seqs.clear();
   batch_seqs_.clear();
@@ -454,8 +435,8 @@ step_batch batch_scheduler::finalize(const kv_reply& reply) {
     const kv_grant& g = reply.grants[i];
     auto it = seqs_.find(plan_[i].seq);
     if (!g.granted) {
-      if (it != seqs_.end() && !it->second.running && !it->second.pool_refused) {
-        it->second.pool_refused = true;
+      if (it != seqs_.end() && !it->second.running && !refused(it->second)) {
+        it->second.refused_epoch = release_epoch_;
         replan_ = true;
       }
       continue;

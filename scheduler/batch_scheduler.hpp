@@ -171,9 +171,12 @@ class batch_scheduler {
     int32_t shard_history = 0;     // leading tokens the shard got for the penalties, likewise
     int64_t first_token_at = -1;   // the `now` of the commit that produced it
     int64_t last_token_at = -1;    // likewise, of its latest token
-    // The KV pool refused to admit it, and no blocks came back since: it takes only what a
-    // step leaves, so no stream yields to a prompt that cannot start.
-    bool pool_refused = false;
+    // The release epoch (batch_scheduler::release_epoch_) in which the KV pool refused to
+    // admit it or preempted it: until a request ends, it waits unproposed, so no stream yields
+    // to a prompt that cannot start, and a sequence the pool could not grow is not taken back
+    // in (its prefix cached) only to be preempted again (and the blocks it gives back do not
+    // let another in for the same round trip: a livelock of the waiting, found by random runs).
+    uint64_t refused_epoch = std::numeric_limits<uint64_t>::max();
     bool paused() const { return spec.token_window > 0 && window <= 0; }
     // When the next token is due (nanoseconds): the first by arrival + its tier's target, then
     // by its one-token-per-TPOT deadline, and at most longest_pause_ns() after its latest
@@ -222,8 +225,11 @@ class batch_scheduler {
   step_batch batch_;
   std::vector<scheduler_event> pending_events_;  // preemptions seen in finalize
   std::vector<kv_commit> commits_;
-  bool replan_ = false;    // see take_replan()
-  bool released_ = false;  // the pool preempted since the last propose(): blocks came back
+  // One more each time a request ends (finished or cancelled: its blocks come back) or no
+  // request holds any: a sequence refused in an earlier epoch is in line again.
+  uint64_t release_epoch_ = 0;
+  bool refused(const sequence& s) const { return s.refused_epoch == release_epoch_; }
+  bool replan_ = false;  // see take_replan()
 };
 
 }  // namespace tireless

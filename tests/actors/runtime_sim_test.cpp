@@ -1,6 +1,7 @@
 // The runtime's actors under load on the sim backend, deterministic (virtual time).
 #include <gtest/gtest.h>
 
+#include <array>
 #include <random>
 
 #include "tests/actors/sim_harness.hpp"
@@ -331,6 +332,53 @@ TEST_P(random_scenarios, every_request_ends_once_blocks_are_conserved_and_mailbo
 }
 
 INSTANTIATE_TEST_SUITE_P(seeds, random_scenarios, ::testing::Range(1u, 101u));
+
+// The same, under the tireless policy: deadlines from the tiers (premium never shed), steps
+// bounded by the tightest TPOT, and pools small enough for prompts to be refused blocks. Steps
+// then stretch, streams yield to prompts at risk, sheddable requests are refused after
+// admission, and the engine must never wait for an event that does not come.
+class random_deadline_scenarios : public ::testing::TestWithParam<uint32_t> {};
+
+TEST_P(random_deadline_scenarios, every_request_ends_once_and_blocks_are_conserved) {
+  std::mt19937 rng(GetParam());
+  harness_options o;
+  o.policy = admission_policy::tireless;
+  o.kv_blocks = 40 + static_cast<int32_t>(rng() % 80);
+  o.max_step_tokens = 64 << (rng() % 3);
+  o.max_preemptions = static_cast<int32_t>(rng() % 4);
+  o.step_time_target_seconds = 0.15;
+  o.seed = GetParam();
+  o.crash_probability = (rng() % 4 == 0) ? 0.02 : 0.0;
+  const std::array<std::array<int, 2>, 3> targets{{{1000, 150}, {3000, 300}, {8000, 600}}};
+  for (size_t t = 0; t < o.tiers.size(); ++t) {
+    o.tiers[t].ttft = std::chrono::milliseconds(targets[t][0]);
+    o.tiers[t].tpot = std::chrono::milliseconds(targets[t][1]);
+    o.tiers[t].sheddable = t > 0;
+  }
+  sim_harness h(o);
+  std::vector<uint64_t> ids;
+  for (int round = 0; round < 30; ++round) {
+    const int arrivals = static_cast<int>(rng() % 8);
+    for (int i = 0; i < arrivals; ++i) {
+      request r = tokens_request(1 + static_cast<int>(rng() % 600), 1 + static_cast<int>(rng() % 60),
+                                 static_cast<uint32_t>(rng() % 6));  // few prompts: prefixes are shared
+      if (rng() % 6 == 0) r.timeout = std::chrono::milliseconds(500 + rng() % 5000);
+      if (rng() % 5 == 0) r.token_window = 1 + static_cast<int32_t>(rng() % 8);
+      ids.push_back(h.submit(r, rng() % 3));
+    }
+    if (!ids.empty() && rng() % 4 == 0) h.cancel(ids[rng() % ids.size()]);
+    h.run_for(std::chrono::milliseconds(rng() % 600));
+  }
+  h.run();
+  const auto e = h.engine();
+  EXPECT_EQ(e.running + e.waiting, 0) << "running " << e.running << " waiting " << e.waiting << " queued "
+                                       << h.admission().queued;
+  expect_exactly_one_outcome_each(h, ids.size());
+  EXPECT_EQ(h.kv().blocks.free, h.kv().blocks.total);
+  EXPECT_EQ(h.door().inside(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(seeds, random_deadline_scenarios, ::testing::Range(1u, 101u));
 
 }  // namespace
 }  // namespace tireless::test

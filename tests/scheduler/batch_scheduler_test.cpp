@@ -307,8 +307,8 @@ TEST(batch_scheduler, streams_never_yield_again_to_a_prompt_the_kv_pool_refused_
   // prompt would miss its first-token deadline at the budget's pace, so its first chunk takes
   // the step's whole token budget and the streams yield; but the pool cannot hold that chunk
   // (4 blocks). Yielding again would stall the streams for good: nothing else changes (the
-  // engine proposes again only on an event). So the next step runs them, and the prompt takes
-  // only what a step leaves until blocks come back; then it is served.
+  // engine proposes again only on an event). So the next step runs them, and the prompt waits
+  // unproposed until blocks come back; then it is served.
   stepper s({.max_step_tokens = 64, .max_step_seqs = 32}, 16);
   s.add(1, 2, 200, 8, 10'000, 1000);
   s.add(2, 2, 10, 8, 10'000, 1000);
@@ -324,7 +324,7 @@ TEST(batch_scheduler, streams_never_yield_again_to_a_prompt_the_kv_pool_refused_
   EXPECT_EQ(next.count(1), 1u);
   EXPECT_EQ(next.count(2), 1u);
   EXPECT_EQ(next.count(3), 0u);
-  EXPECT_FALSE(s.core().take_replan()) << "refused again, as known: nothing new";
+  EXPECT_FALSE(s.core().take_replan()) << "not proposed again before blocks came back";
   // The streams end (8 tokens each) and give their blocks back: the prompt is served.
   for (int i = 0; i < 20 && s.finished().size() < 3; ++i) s.run(fifty_ms_steps());
   EXPECT_EQ(s.finished(), (std::vector<seq_id>{1, 2, 3}));
