@@ -14,6 +14,8 @@ namespace {
 
 // Deficit round robin: a tenant of weight 1 earns this many tokens of work per turn.
 constexpr double drr_quantum_tokens = 1024;
+// A finished request's weight in its tier's mean of generated tokens.
+constexpr double generated_mean_weight = 1.0 / 16;
 
 int64_t ms_ceil(double seconds) { return static_cast<int64_t>(std::ceil(std::max(seconds, 0.0) * 1000.0)); }
 
@@ -127,11 +129,18 @@ first_token_forecast admission_control::forecast(const std::string& tier, int32_
   // Higher tiers' work that arrives during the wait goes ahead of it too (and, for an
   // infeasible prompt, its own tier's, which is prefilled before it): with ρ the share of the
   // prefill capacity they take, the wait stretches by 1 / (1 - ρ) (tireless only).
+  // The decodes those requests bring count as far as they exceed the decodes already charged to
+  // every step of the wait (at 3x on the CPU, premium's decodes took most of the engine while its
+  // prompts alone read as a fifth of it, and free requests were admitted to wait 16 s).
   if (kind_ == admission_policy::tireless) {
-    double rho = 0;
+    double rho = 0, decodes = 0;
     for (const tier_state& t : tier_states_) {
-      if (t.settings->priority > priority || (infeasible && &t == &own)) rho += t.arriving_at(now_ns_) * f.seconds_per_token;
+      if (t.settings->priority > priority || (infeasible && &t == &own)) {
+        rho += t.arriving.at(now_ns_, observing_since_ns_) * f.seconds_per_token;
+        decodes += t.arriving_decodes.at(now_ns_, observing_since_ns_);
+      }
     }
+    rho += std::max(0.0, decodes * decode_token_seconds(load_) - f.decode_share);
     f.seconds /= std::max(1.0 - rho, 0.05);
   }
   return f;
@@ -142,23 +151,6 @@ double admission_control::uncached_share(int32_t engine_priority) const {
     if (t.priority == engine_priority) return 1.0 - std::clamp(t.cached_share, 0.0, 1.0);
   }
   return 1.0;
-}
-
-// The window of the arrival rates (seconds): long enough to hold a few of a small tier's
-// arrivals, short enough to follow a ramp.
-constexpr double arrival_window_s = 10.0;
-// The window of a tier's offered load: long enough that its own Poisson bursts do not read as
-// a tier over its capacity (10 s did, at 60% of it).
-constexpr double offered_window_s = 30.0;
-
-double admission_control::tier_state::arriving_at(int64_t now_ns) const {
-  const double dt = std::max<double>(0, static_cast<double>(now_ns - arrived_ns) * 1e-9);
-  return arriving_tokens_per_s * std::exp(-dt / arrival_window_s);
-}
-
-double admission_control::tier_state::offered_at(int64_t now_ns) const {
-  const double dt = std::max<double>(0, static_cast<double>(now_ns - offered_ns) * 1e-9);
-  return offered_tokens_per_s * std::exp(-dt / offered_window_s);
 }
 
 double admission_control::idle_prefill(int32_t prompt_tokens) const {
@@ -241,6 +233,7 @@ std::optional<admission_decision> admission_control::check_quotas(tenant_state& 
 // is promised (see promised_) when `promise`, else not even computed.
 admission_decision admission_control::decide(const arrival& a, bool promise) {
   now_ns_ = std::max(now_ns_, a.now_ns);
+  if (observing_since_ns_ < 0) observing_since_ns_ = a.now_ns;
   tier_state& tier = tier_of(a.tier);
   const tier_settings& ts = *tier.settings;
   admission_decision d;
@@ -271,8 +264,7 @@ admission_decision admission_control::decide(const arrival& a, bool promise) {
     const double idle = idle_prefill(a.prompt_tokens);
     const bool infeasible = target > 0 && idle > target;
     if (promise && !infeasible) {  // an arrival (not a question about one) that can be on time: the tier's load
-      tier.offered_tokens_per_s = tier.offered_at(a.now_ns) + a.prompt_tokens / offered_window_s;
-      tier.offered_ns = a.now_ns;
+      tier.offered.add(a.prompt_tokens, a.now_ns);
     }
     // A sheddable request's start bound is its tier's, stretched for an infeasible prompt as
     // far as its own prefill exceeds the target (its promise is relative to that prefill).
@@ -346,7 +338,7 @@ admission_decision admission_control::decide(const arrival& a, bool promise) {
     if (!ts.sheddable) {
       const first_token_forecast own = forecast(ts.name, a.prompt_tokens, 0, true);
       own_ttft = own.seconds;
-      over = !infeasible && tier.offered_at(a.now_ns) * uncached_share(ts.priority) * own.seconds_per_token > 1.0;
+      over = !infeasible && tier.offered.at(a.now_ns, observing_since_ns_) * uncached_share(ts.priority) * own.seconds_per_token > 1.0;
       if (over) max_wait = std::min(max_wait, target);
     }
     if (!ts.sheddable && max_wait > 0 && own_ttft - (infeasible ? idle : 0.0) > max_wait && !reserved) {
@@ -418,8 +410,8 @@ admission_decision admission_control::arrive(const arrival& a) {
   ++tier.queued;
   tier.queued_prompt_tokens += a.prompt_tokens;
   if (h.later) tier.queued_later_tokens += a.prompt_tokens;
-  tier.arriving_tokens_per_s = tier.arriving_at(a.now_ns) + a.prompt_tokens / arrival_window_s;
-  tier.arrived_ns = a.now_ns;
+  tier.arriving.add(a.prompt_tokens, a.now_ns);
+  if (tier.generated_mean >= 0) tier.arriving_decodes.add(std::min<double>(d.max_tokens, tier.generated_mean), a.now_ns);
   held_.emplace(a.id, std::move(h));
   return d;
 }
@@ -572,6 +564,11 @@ void admission_control::finished(uint64_t id, int32_t used_tokens, int64_t now_n
   if (auto t = tenant_states_.find(h.q.tenant); t != tenant_states_.end()) {
     --t->second.concurrent;
     if (h.reserved > used_tokens) t->second.tokens.give_back(h.reserved - used_tokens, now_ns);
+  }
+  if (!h.queued && used_tokens > h.q.prompt_tokens) {  // it ran: what it generated
+    double& mean = tier_of(h.q.tier).generated_mean;
+    const double generated = used_tokens - h.q.prompt_tokens;
+    mean = mean < 0 ? generated : mean + generated_mean_weight * (generated - mean);
   }
   held_.erase(it);
 }

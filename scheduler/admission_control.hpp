@@ -24,6 +24,7 @@
 
 #include "config/runtime_config.hpp"
 #include "scheduler/engine_load.hpp"
+#include "scheduler/moving_rate.hpp"
 #include "scheduler/retry_book.hpp"
 #include "scheduler/token_bucket.hpp"
 
@@ -141,6 +142,11 @@ class admission_control {
   // The first of q's requests (an index) still able to start within its tier's first-token
   // target, now; 0 if none is.
   size_t first_on_time(const tenant_queue& q, const tier_settings& ts) const;
+  // The windows of the arrival rates (seconds): long enough to hold a few of a small tier's
+  // arrivals, short enough to follow a ramp; and of a tier's offered load: long enough that its
+  // own Poisson bursts do not read as a tier over its capacity (10 s did, at 60% of it).
+  static constexpr double arrival_window_s = 10.0;
+  static constexpr double offered_window_s = 30.0;
   struct tier_state {
     const tier_settings* settings = nullptr;
     std::deque<uint64_t> fifo;         // fcfs / priority order
@@ -149,15 +155,13 @@ class admission_control {
     int32_t queued = 0;
     int64_t queued_prompt_tokens = 0;
     int64_t queued_later_tokens = 0;  // of those, infeasible prompts' (prefilled after the others)
-    // Prompt tokens admitted per second, a moving average (at arrived_ns): the work of this
-    // tier that arrives while a lower tier's request waits.
-    double arriving_tokens_per_s = 0;
-    int64_t arrived_ns = 0;
-    double arriving_at(int64_t now_ns) const;
-    // Prompt tokens offered per second (admitted or not), likewise: the tier's own load.
-    double offered_tokens_per_s = 0;
-    int64_t offered_ns = 0;
-    double offered_at(int64_t now_ns) const;
+    // Prompt tokens admitted per second: the work of this tier that arrives while a lower
+    // tier's request waits; and the tokens those requests are expected to generate (the tier's
+    // mean lately, at most their max_tokens; none until one finished): the decodes they bring.
+    moving_rate arriving{arrival_window_s}, arriving_decodes{arrival_window_s};
+    // Prompt tokens offered per second (admitted or not): the tier's own load.
+    moving_rate offered{offered_window_s};
+    double generated_mean = -1;  // tokens its requests generated, a moving average (-1: none ended)
   };
   struct holding {
     queued_request q;
@@ -202,6 +206,7 @@ class admission_control {
   engine_load load_;
   int64_t late_refusals_ = 0;
   int64_t now_ns_ = 0;  // of the latest arrival
+  int64_t observing_since_ns_ = -1;  // the first arrival: the moving rates are read from then
 };
 
 }  // namespace tireless

@@ -65,10 +65,27 @@ first_token_forecast forecast_first_token(const engine_load& l, const work_ahead
   first_token_forecast f;
   f.seconds = actual * (full * step + (rest > 0 ? (c0 + decode_seconds + rest * per_prefill) / (1 - lower_share) : 0.0));
   f.seconds_per_token = actual * step / per_step;
+  f.decode_share = step > 0 ? std::min(decode_seconds / step, 1.0) : 0.0;
   // No room in the batch: it also waits for requests to finish.
   const double excess = (w.lower_tiers_yield ? running_here : l.running()) + w.requests + 1.0 - max_seqs;
   if (excess > 0 && l.finished_per_second > 0) f.seconds += excess / l.finished_per_second;
   return f;
+}
+
+}  // namespace tireless
+
+namespace tireless {
+
+double decode_token_seconds(const engine_load& l) {
+  if (!l.measured()) return 0;
+  double decodes = 0, context = 0;
+  for (const tier_load& t : l.tiers) {
+    decodes += t.decodes;
+    context += t.context;
+  }
+  const double per_position = std::max(l.step_model[3], 0.0) / 1000.0;
+  const double seconds = std::max(l.step_model[2], 0.0) + per_position * (decodes > 0 ? context / decodes : 0.0);
+  return seconds * std::clamp(l.step_residual, 0.25, 4.0);
 }
 
 }  // namespace tireless

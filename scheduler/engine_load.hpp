@@ -66,9 +66,15 @@ struct work_ahead {
 struct first_token_forecast {
   double seconds = 0;            // from now to the first token
   double seconds_per_token = 0;  // of prompt work at this priority's pace (for work arriving meanwhile)
+  double decode_share = 0;       // of each step's time, what the decodes charged to it take
 };
 
 // 0 seconds while nothing was measured (load.measured() is false): optimistic.
 first_token_forecast forecast_first_token(const engine_load& load, const work_ahead& w);
+
+// Seconds of the engine's time one more decoding token takes (beside the others in a step, at
+// the running decodes' mean context, times the model's observed error); 0 while nothing was
+// measured. A rate of decode tokens times it is the share of the engine they take.
+double decode_token_seconds(const engine_load& load);
 
 }  // namespace tireless

@@ -283,13 +283,38 @@ TEST(admission_control, a_lower_tiers_prediction_counts_the_higher_tiers_arrival
   }
   const double alone = quiet.predicted_ttft("free", 100);
   const double behind = busy.predicted_ttft("free", 100);
-  // gold's rate (a 10 s moving average) times a prompt token's share of a step: ρ ≈ 0.26.
+  // gold's rate (a 10 s moving average, read for the 19.9 s observed) times a prompt token's
+  // share of a step: ρ ≈ 0.30.
   double rate = 0;
   for (int i = 0; i < 200; ++i) rate += 30 / 10.0 * std::exp(-(199 - i) / 10.0 / 10.0);
+  rate /= 1 - std::exp(-19.9 / 10.0);
   const double rho = rate * 0.522 / 512;
   EXPECT_NEAR(behind, alone / (1 - rho), 1e-6) << "alone " << alone << " s, with gold arriving " << behind << " s";
   EXPECT_GT(behind, 1.3 * alone);
   EXPECT_LT(busy.predicted_ttft("gold", 100), behind) << "gold's own prediction is not stretched by itself";
+}
+
+// And the decodes those arrivals bring: gold's 30-token prompts are light, but each generates 60
+// tokens (measured as they end), two a second at 4 ms a token: about half of the engine.
+TEST(admission_control, a_lower_tiers_prediction_counts_the_decodes_the_higher_tiers_arrivals_bring) {
+  const std::vector<tier_settings> tiers = {tier("gold", 2, 60s, false), tier("free", 1, 60s)};
+  engine_load load = busy_engine(5000);
+  load.step_model[2] = 0.004;
+  admission_control measured(admission_policy::tireless, {}, tiers, {});
+  admission_control unmeasured(admission_policy::tireless, {}, tiers, {});
+  for (admission_control* c : {&measured, &unmeasured}) {
+    c->observe(load);
+    for (int i = 0; i < 40; ++i) {
+      ASSERT_TRUE(arrive(*c, static_cast<uint64_t>(i), "", "gold", i * second / 2, 30).admitted);
+      c->next();
+      if (c == &measured) c->finished(static_cast<uint64_t>(i), 30 + 60, i * second / 2 + second / 4);
+    }
+  }
+  const double prompts_only = unmeasured.predicted_ttft("free", 100);
+  const double with_decodes = measured.predicted_ttft("free", 100);
+  EXPECT_GT(with_decodes, 1.6 * prompts_only) << "prompts only " << prompts_only << " s";
+  EXPECT_DOUBLE_EQ(measured.predicted_ttft("gold", 100), unmeasured.predicted_ttft("gold", 100))
+      << "gold's own arrivals do not stretch its prediction";
 }
 
 TEST(admission_control, a_tier_that_is_not_sheddable_is_refused_only_when_its_own_work_holds_it_past_its_start_bound) {
