@@ -31,9 +31,10 @@ bool batch_scheduler::cancel(seq_id seq) {
 
 std::vector<seq_id> batch_scheduler::take_late(int64_t now, const step_time_budget& time) {
   std::vector<seq_id> late;
+  const auto decodes = decode_seconds_above(time);
   for (const auto& [id, s] : seqs_) {
     if (s.running || s.generated > 0 || s.preemptions > 0 || s.spec.start_by <= 0) continue;
-    const double prefill = idle_prefill_seconds(static_cast<int32_t>(s.tokens.size()), time, limits_.max_step_tokens);
+    const double prefill = first_token_after_start(s, time, decodes);
     if (static_cast<double>(now) + prefill * 1e9 > static_cast<double>(s.spec.start_by)) late.push_back(id);
   }
   for (seq_id id : late) seqs_.erase(id);
@@ -104,6 +105,40 @@ bool batch_scheduler::infeasible(const sequence& s, const step_time_budget& time
   return s.generated == 0 && s.spec.ttft_target_ns > 0 && time.per_prefill_token > 0 &&
          idle_prefill_seconds(static_cast<int32_t>(s.spec.prompt.size()), time, limits_.max_step_tokens) >
              static_cast<double>(s.spec.ttft_target_ns) * 1e-9;
+}
+
+std::vector<std::pair<int32_t, double>> batch_scheduler::decode_seconds_above(const step_time_budget& time) const {
+  std::map<int32_t, double, std::greater<>> by_priority;
+  for (const auto& [id, s] : seqs_) {
+    if (s.running && is_decode(s) && !s.paused()) {
+      by_priority[s.spec.priority] += time.per_decode + time.per_context_position * s.computed;
+    }
+  }
+  std::vector<std::pair<int32_t, double>> above(by_priority.begin(), by_priority.end());
+  for (size_t k = 1; k < above.size(); ++k) above[k].second += above[k - 1].second;
+  return above;
+}
+
+// A prompt started now takes, each step, what the step's budget leaves beside the decodes of
+// its tier and above (at least min_step_prefill_tokens, at most a max_step_tokens chunk); a
+// step stretched for it (when those decodes have the slack) is as fast as an idle engine, so
+// it takes the longer of the two. The higher tiers' prompts that arrive meanwhile are not
+// counted: admission keeps its tier's start bound within its forecast of them.
+double batch_scheduler::first_token_after_start(const sequence& s, const step_time_budget& time,
+                                                const std::vector<std::pair<int32_t, double>>& decodes) const {
+  const auto tokens = static_cast<int32_t>(s.tokens.size()) - s.computed;
+  const double idle = idle_prefill_seconds(tokens, time, limits_.max_step_tokens);
+  if (time.seconds <= 0 || time.per_prefill_token <= 0 || tokens <= 0) return idle;
+  double beside = 0;  // the decodes of its priority and above
+  for (const auto& [priority, seconds] : decodes) {
+    if (priority < s.spec.priority) break;
+    beside = seconds;
+  }
+  const double room = std::max(time.seconds - time.c0 - beside, min_step_prefill_tokens * time.per_prefill_token);
+  const double per_step = std::min(room / time.per_prefill_token, static_cast<double>(std::max(limits_.max_step_tokens, 1)));
+  const double steps = std::ceil(tokens / per_step);
+  const double paced = steps * (time.c0 + beside) + tokens * time.per_prefill_token;
+  return std::max(idle, paced);
 }
 
 double batch_scheduler::paced_decode_seconds(const std::vector<const sequence*>& order, const std::vector<size_t>& placed,
@@ -543,12 +578,13 @@ bool batch_scheduler::has_work() const {
 std::optional<int64_t> batch_scheduler::wake_at(int64_t now, const step_time_budget& time) const {
   int64_t at = no_deadline;
   const auto two_steps = static_cast<int64_t>(2e9 * time.seconds);
+  const auto decodes = decode_seconds_above(time);
   for (const auto& [id, s] : seqs_) {
     if (s.running && is_decode(s) && !s.paused()) {
       const int64_t due = s.next_token_due();
       if (due != no_deadline) at = std::min(at, due - two_steps);
     } else if (!s.running && s.generated == 0 && s.preemptions == 0 && s.spec.start_by > 0) {
-      const double prefill = idle_prefill_seconds(static_cast<int32_t>(s.tokens.size()), time, limits_.max_step_tokens);
+      const double prefill = first_token_after_start(s, time, decodes);
       at = std::min(at, s.spec.start_by - static_cast<int64_t>(prefill * 1e9) + 1);
     }
   }

@@ -121,8 +121,9 @@ class batch_scheduler {
   // Returns false when the sequence is unknown (already finished).
   bool cancel(seq_id seq);
   // Waiting requests that were never started and can no longer have their first token by their
-  // start_by (their prefill alone, on an idle engine by `time`'s model, would end past it):
-  // removed (nothing of theirs was computed), to be refused. Call before propose().
+  // start_by (their prefill, started now, would end past it: at the pace steps of `time`'s
+  // budget leave it beside the decodes of its tier and above, or on an idle engine where that
+  // is longer): removed (nothing of theirs was computed), to be refused. Call before propose().
   std::vector<seq_id> take_late(int64_t now, const step_time_budget& time = step_time_budget{});
   // The client acknowledged `tokens` more tokens: the window grows by that many.
   void acknowledge(seq_id seq, int32_t tokens);
@@ -190,6 +191,12 @@ class batch_scheduler {
   std::vector<const sequence*> keep_order() const;
   // Its prompt alone, on an idle engine by `time`'s model, cannot meet its first-token target.
   bool infeasible(const sequence& s, const step_time_budget& time) const;
+  // Seconds of decoding each step carries for a prompt of each priority: the running decodes of
+  // that priority and above (they step beside its prefill), highest priority first.
+  std::vector<std::pair<int32_t, double>> decode_seconds_above(const step_time_budget& time) const;
+  // Seconds from starting an unstarted prompt now to its first token (take_late, wake_at).
+  double first_token_after_start(const sequence& s, const step_time_budget& time,
+                                 const std::vector<std::pair<int32_t, double>>& decodes) const;
   // Seconds of a step at the budget's pace that go to decodes: the first tier's, and a lower
   // tier's whose next token would be late if it yielded (as propose() places them).
   // tiers: placed[tiers[t]..tiers[t + 1]) share a priority.

@@ -425,6 +425,31 @@ TEST(batch_scheduler, an_unstarted_request_is_taken_out_once_its_prefill_can_no_
   EXPECT_EQ(core.take_late(now + 60'000'000, fifty_ms_steps()), std::vector<seq_id>{2}) << "past its start bound";
 }
 
+TEST(batch_scheduler, a_start_bound_counts_the_steps_a_prompt_shares_with_the_decodes_of_its_tier_and_above) {
+  // 80 running decodes of priority 2 take 40 of each 50 ms step. A 1000-token prompt takes
+  // ~105 ms on an idle engine: beside them (5 ms of prefill a step) it needs 20 steps, ~1 s,
+  // and cannot have its first token within its 150 ms start bound; of priority 3, they yield
+  // to it (3 steps, ~115 ms) and it can.
+  stepper s({.max_step_tokens = 4096, .max_step_seqs = 128});
+  for (seq_id id = 1; id <= 80; ++id) s.add(id, 2, 1, 1000);
+  s.run(fifty_ms_steps());  // all of them decoding now
+  for (const auto& [id, priority] : {std::pair<seq_id, int32_t>{101, 1}, {102, 3}}) {
+    sequence_spec spec;
+    spec.id = id;
+    spec.priority = priority;
+    spec.arrival = static_cast<uint64_t>(s.now());
+    spec.ttft_target_ns = 100'000'000;
+    spec.start_by = s.now() + 150'000'000;
+    spec.prompt.assign(1000, 5);
+    s.core().add(std::move(spec));
+  }
+  EXPECT_EQ(s.core().take_late(s.now(), fifty_ms_steps()), std::vector<seq_id>{101});
+  EXPECT_TRUE(s.core().knows(102));
+  const auto wake = s.core().wake_at(s.now(), fifty_ms_steps());
+  ASSERT_TRUE(wake.has_value());
+  EXPECT_LE(*wake, s.now() + 50'000'000) << "woken while the higher one can still start in time";
+}
+
 TEST(batch_scheduler, counts_give_each_priority_its_decodes_and_its_prompt_work_due_before_and_after_a_newcomer) {
   stepper s({.max_step_tokens = 4096, .max_step_seqs = 32});
   s.add(1, 2, 100, 1000, 500, 50);
