@@ -160,30 +160,40 @@ void measure_windows(const run_result& run, run_metrics& m) {
   }
 }
 
-// After the load drops below the capacity: the first moment from which recovery_windows
-// windows of recovery_step_s in a row have every tier at >= 99% among feasible requests (back,
-// and staying back; a single miss minutes later, a burst of the quiet load's own, is not the
-// spike's). Not at the capacity itself: a load of exactly the capacity keeps a queue on the
-// edge, where a mix's lower tiers are below 99% however long it lasts; there is nothing to
-// recover to.
-void measure_recovery(const run_result& run, const scenario& s, run_metrics& m) {
-  if (s.profile.points.empty()) return;
+}  // namespace
+
+double last_drop_s(const rate_profile& profile, double multiple, double from_s, double to_s) {
+  if (profile.points.empty() || multiple * profile.peak() <= 1.0) return -1;  // never over the capacity
   double peak_at = 0, peak = -1;
-  for (const auto& [t, f] : s.profile.points) {
+  for (const auto& [t, f] : profile.points) {
     if (f > peak) {
       peak = f;
       peak_at = t;
     }
   }
-  if (run.multiple * peak <= 1.0) return;  // never over the capacity
+  // The last drop: a load that swings over and under the capacity recovers after its last swing
+  // (measured from the first, the next swing reads as a recovery that never came).
   double drop = -1;
-  for (double t = peak_at; t < run.measure_to_s; t += 1.0) {
-    if (run.multiple * s.profile.at(t) < 1.0) {
-      drop = t;
-      break;
-    }
+  bool over = true;  // at the peak
+  for (double t = peak_at; t < to_s; t += 1.0) {
+    const bool now_over = multiple * profile.at(t) >= 1.0;
+    if (over && !now_over) drop = t;
+    over = now_over;
   }
-  if (drop < run.measure_from_s) return;  // no drop inside the measured part
+  return over || drop < from_s ? -1 : drop;  // over the capacity to the end, or no drop inside [from_s, to_s)
+}
+
+namespace {
+
+// After the load drops below the capacity (for the last time, last_drop_s): the first moment
+// from which recovery_windows windows of recovery_step_s in a row have every tier at >= 99%
+// among feasible requests (back, and staying back; a single miss minutes later, a burst of the
+// quiet load's own, is not the spike's). Not at the capacity itself: a load of exactly the capacity keeps a queue on the
+// edge, where a mix's lower tiers are below 99% however long it lasts; there is nothing to
+// recover to.
+void measure_recovery(const run_result& run, const scenario& s, run_metrics& m) {
+  const double drop = last_drop_s(s.profile, run.multiple, run.measure_from_s, run.measure_to_s);
+  if (drop < 0) return;
   m.drop_s = drop;
   double back_since = drop;
   int good = 0;

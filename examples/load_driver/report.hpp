@@ -59,13 +59,18 @@ struct window_metrics {
   std::vector<tier_counts> tiers;  // config order
 };
 
+// When a load following `profile` at `multiple` times the capacity drops below the capacity for
+// the last time, within [from_s, to_s) (to 1 s); -1 when it never goes over, never drops back in
+// that span, or is over the capacity at its end.
+double last_drop_s(const rate_profile& profile, double multiple, double from_s, double to_s);
+
 struct run_metrics {
   std::vector<tier_metrics> tiers;  // config order, highest priority first
   tier_metrics total;
   int64_t requests = 0, lost = 0, silently_shortened = 0;  // over every request of the run, warm-up too
   double window_s = 60;
   std::vector<window_metrics> windows;
-  // A load that drops (arrivals.profile) from above the capacity to below it at drop_s:
+  // A load that drops (arrivals.profile) from above the capacity to below it, for the last time, at drop_s:
   // recovery_s after it, every tier's SLO among feasible requests is >= 99% in each of
   // recovery_windows windows of recovery_step_s in a row (or up to the run's end; NaN: never
   // within the run). drop_s < 0: no drop.
