@@ -324,14 +324,30 @@ kv_request batch_scheduler::propose(const step_time_budget& time, int64_t now) {
   plan_.clear();
   const std::vector<const sequence*> order = keep_order();
   // Places in the step go in keep order (higher tiers first, so a full batch of low-tier
-  // decodes cannot keep a premium request out: vLLM issue 40004). `placed` holds indexes
-  // into `order`; tokens[i] is what order[i] computes this step (0: not stepped).
+  // decodes cannot keep a premium request out: vLLM issue 40004), except those a running
+  // stream further down needs: one whose next token would be late if it skipped this step
+  // keeps a place, so a queue of higher-tier prompts longer than the step's tokens reach
+  // (places they get nothing in) cannot stall it for as long as they wait. `placed` holds
+  // indexes into `order`; tokens[i] is what order[i] computes this step (0: not stepped).
+  const int64_t skip_is_late_at = now + static_cast<int64_t>(2e9 * std::max(time.seconds, 0.0));
+  auto steps = [&](const sequence& s) {
+    return !s.paused() && !refused(s) && static_cast<int32_t>(s.tokens.size()) > s.computed;
+  };
+  auto must_run = [&](const sequence& s) { return is_decode(s) && s.next_token_due() <= skip_is_late_at; };
+  const auto places = static_cast<size_t>(std::max(limits_.max_step_seqs, 0));
+  size_t kept = 0;  // places kept for the streams further down that must run
+  for (const sequence* s : order) kept += steps(*s) && must_run(*s);
   std::vector<size_t> placed;
   placed.reserve(order.size());
-  for (size_t i = 0; i < order.size(); ++i) {
+  for (size_t i = 0; i < order.size() && placed.size() < places; ++i) {
     const sequence& s = *order[i];
-    if (static_cast<int32_t>(placed.size()) >= limits_.max_step_seqs) break;
-    if (!s.paused() && !refused(s) && static_cast<int32_t>(s.tokens.size()) > s.computed) placed.push_back(i);
+    if (!steps(s)) continue;
+    if (must_run(s)) {
+      --kept;
+    } else if (placed.size() + kept >= places) {
+      continue;
+    }
+    placed.push_back(i);
   }
   // The tiers: placed[tiers[t]..tiers[t + 1]) share a priority.
   std::vector<size_t> tiers;

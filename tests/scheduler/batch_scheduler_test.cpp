@@ -351,6 +351,30 @@ TEST(batch_scheduler, a_stream_far_ahead_of_its_deadline_never_pauses_longer_tha
   }
 }
 
+TEST(batch_scheduler, a_queue_of_higher_tier_prompts_takes_no_place_a_running_stream_needs_to_keep_its_pace) {
+  // Four places a step. A free stream runs; then eight premium prompts arrive, more than the
+  // step's tokens take at once. They come first in keep order, but a place a prompt gets no
+  // tokens in is wasted, and the free stream's next token is due: it keeps a place whenever
+  // skipping would make it late, so it never pauses longer than longest_pause_ns() (600 ms)
+  // plus the step its token ends. (Before, the prompts took every place and the stream
+  // waited for all of them: 19 s on the CPU through the real server.)
+  stepper s({.max_step_tokens = 512, .max_step_seqs = 4}, 4096);
+  s.add(1, 0, 10, 1000, 400, 200);
+  for (int i = 0; i < 5; ++i) s.run(fifty_ms_steps());
+  const size_t before = s.token_times(1).size();
+  ASSERT_GE(before, 3u);
+  for (seq_id id = 2; id < 10; ++id) s.add(id, 2, 3'000, 4, 10'000, 50);
+  for (int i = 0; i < 80; ++i) s.run(fifty_ms_steps());
+  const std::vector<int64_t>& t = s.token_times(1);
+  ASSERT_GT(t.size(), before + 4) << "the free stream stalled behind the premium prompts";
+  for (size_t k = before; k < t.size(); ++k) {
+    EXPECT_LE(t[k] - t[k - 1], 600'000'000 + 50'000'000) << "token " << k;
+  }
+  for (seq_id id = 2; id < 10; ++id) {
+    EXPECT_FALSE(s.token_times(id).empty()) << "premium prompt " << id << " never got its first token";
+  }
+}
+
 TEST(batch_scheduler, a_prompt_further_back_in_line_that_would_miss_its_deadline_stretches_the_step) {
   // Request 1 (400 tokens, due in 300 ms) is first in line and makes its deadline at the
   // budget's pace (~445 tokens a step); request 2 (4200 tokens, due in 500 ms) comes after it
