@@ -1,6 +1,7 @@
 #include "report.hpp"
 
 #include "ideal.hpp"
+#include "scheduler/batch_scheduler.hpp"
 
 #include <fmt/format.h>
 
@@ -87,6 +88,24 @@ bool feasible(const request_record& r, const tier_metrics& t) {
   return std::isnan(r.idle_ttft_s) || r.idle_ttft_s * 1000.0 <= t.ttft_target_ms ||
          (r.done() && r.kind == outcome_kind::completed && r.ttft_ms >= 0 && r.ttft_ms <= t.ttft_target_ms);
 }
+
+}  // namespace
+
+double stall_after_ms(double ttft_target_ms, double tpot_target_ms) {
+  if (ttft_target_ms <= 0 && tpot_target_ms <= 0) return 0;
+  return std::max(max_step_stretch * tpot_target_ms, ttft_target_ms) + tpot_target_ms;
+}
+
+bool in_injected_stall(const request_record& r, const scenario& s) {
+  const fault_settings& f = s.config.faults;
+  if (f.shard_crash_per_step > 0 || f.shard_crash_every_steps > 0 || f.shard_slow_per_step > 0) return true;  // any time
+  const double end = r.done() ? r.plan.arrival_s + (r.outcome_s - r.submitted_s) : r.plan.arrival_s;
+  return std::any_of(s.expert_group.begin(), s.expert_group.end(), [&](const auto& e) {
+    return e.stall_ms > 0 && r.plan.arrival_s <= e.at_s + e.stall_ms / 1000.0 && end >= e.at_s;
+  });
+}
+
+namespace {
 
 double ratio(int64_t n, int64_t d) { return d > 0 ? static_cast<double>(n) / static_cast<double>(d) : nan; }
 
@@ -293,6 +312,12 @@ run_metrics measure(const run_result& run, const scenario& s) {
     m.total.ttft_target_ms = target_of(r).ttft_target_ms;
     add(m.total, all, r);
     m.total.ttft_target_ms = 0;
+    const double allowed = stall_after_ms(t.ttft_target_ms, t.tpot_target_ms);
+    if (r.done() && r.kind == outcome_kind::completed && allowed > 0 && r.longest_pause_ms > allowed &&
+        !in_injected_stall(r, s)) {
+      ++t.stalled;
+      ++m.total.stalled;
+    }
     const bool met = slo_met(r, t);
     const bool can = feasible(r, t);
     if (met) {
@@ -431,19 +456,28 @@ std::vector<bar_check> check_bars(const std::vector<run_result>& runs, const std
     bars.push_back(*b);
   }
 
-  int64_t lost = 0, shortened = 0, requests = 0;
-  std::string where_lost, where_short;
+  int64_t lost = 0, shortened = 0, stalled = 0, completed = 0, requests = 0;
+  std::string where_lost, where_short, where_stalled;
   for (size_t i = 0; i < runs.size(); ++i) {
     requests += metrics[i].requests;
     lost += metrics[i].lost;
     shortened += metrics[i].silently_shortened;
+    const bool ours = runs[i].policy == admission_policy::tireless;  // the others promise no pace
+    stalled += ours ? metrics[i].total.stalled : 0;
+    completed += ours ? metrics[i].total.completed : 0;
     if (metrics[i].lost) where_lost += fmt::format(" {} {};", runs[i].label, metrics[i].lost);
     if (metrics[i].silently_shortened) where_short += fmt::format(" {} {};", runs[i].label, metrics[i].silently_shortened);
+    if (ours && metrics[i].total.stalled) where_stalled += fmt::format(" {} {};", runs[i].label, metrics[i].total.stalled);
   }
   bars.push_back({"zero lost requests (every run)", lost == 0 ? st::pass : st::fail,
                   fmt::format("{} lost of {} requests{}", lost, requests, where_lost.empty() ? "" : ":" + where_lost)});
   bars.push_back({"every degraded response says so (every run)", shortened == 0 ? st::pass : st::fail,
                   fmt::format("{} silently shortened{}", shortened, where_short.empty() ? "" : ":" + where_short)});
+  bars.push_back({"no stream paused longer than its tier allows (tireless runs; max(3 TPOTs, TTFT target) + 1 TPOT, "
+                  "an injected stall excused)",
+                  stalled == 0 ? st::pass : st::fail,
+                  fmt::format("{} of {} completions of tireless runs{}", stalled, completed,
+                              where_stalled.empty() ? "" : ":" + where_stalled)});
   if (runs.empty()) {
     for (auto& b : bars) b.result = st::skip;
   }
@@ -523,9 +557,12 @@ std::string run_table(const run_result& run, const run_metrics& m, const scenari
   }
   std::string pauses;
   for (const tier_metrics& t : m.tiers) {
-    pauses += fmt::format("{}{} {} / {} ms", pauses.empty() ? "" : ", ", t.tier, num(t.pause_p99), num(t.pause_max));
+    pauses += fmt::format("{}{} {} / {} ms ({} past {} ms)", pauses.empty() ? "" : ", ", t.tier, num(t.pause_p99),
+                          num(t.pause_max), t.stalled, num(stall_after_ms(t.ttft_target_ms, t.tpot_target_ms)));
   }
-  out += fmt::format("  longest pause between two tokens of a completion, p99 / max: {}\n", pauses);
+  out += fmt::format("  longest pause between two tokens of a completion, p99 / max (completions paused past what the tier "
+                     "allows): {}\n",
+                     pauses);
   // Fair shares inside a tier: each tenant key's SLO and refusals.
   std::map<std::pair<int32_t, std::string>, std::array<int64_t, 3>> by_tenant;  // offered, met, rejected
   for (const request_record& r : run.records) {

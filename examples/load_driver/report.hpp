@@ -31,6 +31,9 @@ struct tier_metrics {
   double ttft_p50 = 0, ttft_p99 = 0, tpot_p50 = 0, tpot_p99 = 0, reject_p50 = 0, reject_p99 = 0;  // ms; NaN: none
   // The longest wait between two tokens of a completion (2+ tokens), p99 and max, ms; NaN: none.
   double pause_p99 = 0, pause_max = 0;
+  // Completions with a pause between two tokens longer than the tier allows (stall_after_ms),
+  // but for one that was in flight when the scenario injected a stall (an expert-group fault).
+  int64_t stalled = 0;
   double slo_attainment = 0;  // slo_met / offered; NaN when nothing was offered
   // Feasible: its prompt could meet the TTFT target on an idle engine (the target's cost
   // model), or it met it anyway; every request where the target has no cost model.
@@ -63,6 +66,17 @@ struct window_metrics {
 // the last time, within [from_s, to_s) (to 1 s); -1 when it never goes over, never drops back in
 // that span, or is over the capacity at its end.
 double last_drop_s(const rate_profile& profile, double multiple, double from_s, double to_s);
+
+// The longest pause between two tokens a stream of a tier may see: the scheduler lets a
+// stream ahead of its pace yield, but never for longer than max_step_stretch of its TPOTs nor
+// than its tier's first-token target, whichever is longer (longest_pause_ns), plus one TPOT
+// for the step its next token ends. 0 where the tier has no targets.
+double stall_after_ms(double ttft_target_ms, double tpot_target_ms);
+
+// Whether a request was in flight (arrival to outcome) when one of the scenario's
+// expert-group faults stalled the engine (stall_ms at its at_s): a pause there is the fault's.
+// Every request is, where shards crash or slow down at random (--fault).
+bool in_injected_stall(const request_record& r, const scenario& s);
 
 struct run_metrics {
   std::vector<tier_metrics> tiers;  // config order, highest priority first

@@ -41,7 +41,8 @@ nlohmann::json metrics_json(const tier_metrics& m) {
           {"ttft_ms", {{"p50", m.ttft_p50}, {"p99", m.ttft_p99}}},
           {"tpot_ms", {{"p50", m.tpot_p50}, {"p99", m.tpot_p99}}},
           {"time_to_reject_ms", {{"p50", m.reject_p50}, {"p99", m.reject_p99}}},
-          {"longest_pause_ms", {{"p99", m.pause_p99}, {"max", m.pause_max}}}};
+          {"longest_pause_ms", {{"p99", m.pause_p99}, {"max", m.pause_max}}},
+          {"stalled", m.stalled}};
 }
 
 nlohmann::json samples_json(const run_result& run, const scenario& s) {
