@@ -10,11 +10,11 @@
 // reservations held, or constant (the tokens reserved are kept summed by priority).
 
 #include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <map>
-#include <queue>
-#include <cstdint>
 #include <mutex>
+#include <queue>
 #include <random>
 #include <string>
 #include <unordered_map>
