@@ -101,7 +101,7 @@ struct options {
   std::vector<double> multiples;
   std::vector<std::string> policies, faults;
   double duration = 0, warmup = -1, capacity = 0, calibration = 0;
-  int32_t replicas = 0;
+  int32_t replicas = 0, retries = -1;
   std::string autoscale;  // "off": the scenario's [target.autoscale] is not used
   bool json_out = false, with_requests = false, short_form = false;
 };
@@ -143,6 +143,7 @@ scenario_outcome run_scenario(const std::string& scenario_path, const options& o
     if (o.warmup >= 0) s.warmup_s = o.warmup;
     if (o.capacity > 0) s.capacity_rps = o.capacity;
     if (o.calibration > 0) s.calibration_s = o.calibration;
+    if (o.retries >= 0) s.retries = o.retries;
     if (o.replicas > 0) {
       if (s.target != target_kind::virtual_sim) throw std::runtime_error("--replicas applies to a virtual target");
       s.replicas = o.replicas;
@@ -406,6 +407,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 4096));
   app.add_option("--autoscale", o.autoscale, "off: a fixed fleet of target.replicas, without the scenario's [target.autoscale]")
       ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--retries", o.retries,
+                 "clients retry a refusal for load after its retry hint, with its token, up to N times "
+                 "(overrides clients.retries)")
+      ->check(CLI::Range(0, 10));
   app.add_option("--capacity", o.capacity, "requests/s taken as the capacity instead of measuring it")->check(CLI::PositiveNumber);
   app.add_option("--calibration", o.calibration, "seconds of the capacity measurement (overrides capacity.calibration_s)")
       ->check(CLI::PositiveNumber);

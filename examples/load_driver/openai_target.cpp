@@ -8,6 +8,7 @@
 #include <kj/async-io.h>
 #include <kj/compat/http.h>
 
+#include <cstdlib>
 #include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
@@ -27,7 +28,7 @@ using json = nlohmann::json;
 // An HTTP error's outcome (the shape of server/openai_api.cpp's errors; other servers' bodies
 // are read as far as they match).
 outcome refusal_of(unsigned status, const std::string& body, const kj::HttpHeaders& headers,
-                   kj::HttpHeaderId retry_after_ms) {
+                   kj::HttpHeaderId retry_after_ms, kj::HttpHeaderId retry_token) {
   const json doc = json::parse(body, nullptr, false);
   const json err = doc.is_object() && doc.contains("error") && doc["error"].is_object() ? doc["error"] : json::object();
   std::string code = err.contains("code") && err["code"].is_string() ? err["code"].get<std::string>() : "";
@@ -43,7 +44,11 @@ outcome refusal_of(unsigned status, const std::string& body, const kj::HttpHeade
   if (status == 429 && code != reason::quota_exceeded) code = std::string(reason::overloaded);
   if (status == 503) code = std::string(reason::shutting_down);
   if (code.empty()) code = std::string(reason::invalid);
-  return rejected_outcome(0, code, fmt::format("HTTP {}: {}", status, message), retry);
+  outcome o = rejected_outcome(0, code, fmt::format("HTTP {}: {}", status, message), retry);
+  KJ_IF_MAYBE (v, headers.get(retry_token)) {  // tireless's reservation for the retry
+    o.retry_token = std::strtoull(v->cStr(), nullptr, 10);
+  }
+  return o;
 }
 
 class openai_session final : public wall_clock_session, public kj::TaskSet::ErrorHandler {
@@ -80,6 +85,7 @@ class openai_session final : public wall_clock_session, public kj::TaskSet::Erro
     kj::HttpHeaders headers(*http_->table);
     headers.set(kj::HttpHeaderId::CONTENT_TYPE, "application/json");
     if (!key.empty()) headers.set(http_->authorization, kj::str("Bearer ", key.c_str()));
+    if (r.retry_token != 0) headers.set(http_->retry_token, kj::str(r.retry_token));
     auto req = http_->client->request(kj::HttpMethod::POST, kj::str(url_.c_str(), "/v1/chat/completions"), headers,
                                 static_cast<uint64_t>(state->body.size()));
     auto sent = req.body->write(state->body.data(), state->body.size()).attach(kj::mv(req.body));
@@ -130,7 +136,7 @@ class openai_session final : public wall_clock_session, public kj::TaskSet::Erro
       const unsigned status = response.statusCode;
       return response.body->readAllText().attach(kj::mv(response.body)).then(
           [this, c, status, headers = kj::mv(headers)](kj::String text) {
-            finish(c, refusal_of(status, std::string(text.cStr()), *headers, http_->retry_after_ms));
+            finish(c, refusal_of(status, std::string(text.cStr()), *headers, http_->retry_after_ms, http_->retry_token));
           });
     }
     auto body = kj::mv(response.body);
@@ -222,10 +228,11 @@ class openai_session final : public wall_clock_session, public kj::TaskSet::Erro
       kj::HttpHeaderTable::Builder b;
       authorization = b.add("Authorization");
       retry_after_ms = b.add("retry-after-ms");
+      retry_token = b.add("x-tireless-retry-token");
       table = b.build();
       client = kj::newHttpClient(io.provider->getTimer(), *table, io.provider->getNetwork(), nullptr);
     }
-    kj::HttpHeaderId authorization, retry_after_ms;
+    kj::HttpHeaderId authorization, retry_after_ms, retry_token;
     kj::Own<kj::HttpHeaderTable> table;
     kj::Own<kj::HttpClient> client;
     kj::TaskSet tasks;  // destroyed first: the requests in flight, before their client

@@ -231,6 +231,52 @@ void measure_recovery(const run_result& run, const scenario& s, run_metrics& m) 
   }
 }
 
+// The clients' retries of the measured requests, by the tier of each: every retry is also a
+// request of the run (lost when it has no outcome).
+void measure_retries(const run_result& run, run_metrics& m) {
+  std::vector<std::vector<double>> waits(m.tiers.size());
+  auto measured = [&](const request_record& r) {
+    return r.plan.arrival_s >= run.measure_from_s && r.plan.arrival_s < run.measure_to_s;
+  };
+  for (const request_record& r : run.records) {
+    if (measured(r)) m.tiers[static_cast<size_t>(r.plan.tier)].hinted += retryable(r);
+  }
+  // The last try of each request that was retried.
+  std::map<int64_t, const request_record*> last;
+  for (const request_record& r : run.retries) {
+    const request_record& first = run.records.at(static_cast<size_t>(r.first_try));
+    tier_metrics& t = m.tiers[static_cast<size_t>(r.plan.tier)];
+    if (r.submitted_s < 0) {  // its hint passed after the run's end: its client was still waiting
+      t.retry_after_end += measured(first);
+      continue;
+    }
+    ++m.requests;
+    m.lost += !r.done();
+    if (!measured(first)) continue;
+    ++t.retried;
+    t.hinted += retryable(r);
+    t.retry_refused += r.done() && r.kind == outcome_kind::rejected;
+    t.retry_completed += r.done() && r.kind == outcome_kind::completed;
+    t.retry_on_time += slo_met(r, t);
+    const request_record*& l = last[r.first_try];
+    if (!l || r.attempt > l->attempt) l = &r;
+  }
+  for (const auto& [first, r] : last) {
+    if (!r->done() || r->kind != outcome_kind::completed || r->ttft_ms < 0) continue;
+    const size_t k = static_cast<size_t>(r->plan.tier);
+    ++m.tiers[k].served_on_retry;
+    waits[k].push_back((r->submitted_s - run.records[static_cast<size_t>(first)].submitted_s) * 1000.0 + r->ttft_ms);
+  }
+  for (size_t k = 0; k < m.tiers.size(); ++k) {
+    m.tiers[k].retry_ttft_p50 = percentile(waits[k], 50);
+    m.tiers[k].retry_ttft_p99 = percentile(waits[k], 99);
+    for (auto f : {&tier_metrics::hinted, &tier_metrics::retried, &tier_metrics::retry_after_end, &tier_metrics::retry_refused,
+                   &tier_metrics::retry_completed, &tier_metrics::retry_on_time, &tier_metrics::served_on_retry}) {
+      m.total.*f += m.tiers[k].*f;
+    }
+  }
+}
+
 void finish(tier_metrics& m, samples& x, double window_s) {
   m.slo_feasible = ratio(m.feasible_met, m.feasible);
   m.ttft_p50 = percentile(x.ttft, 50);
@@ -332,6 +378,7 @@ run_metrics measure(const run_result& run, const scenario& s) {
     m.total.feasible_met += can && met;
     t.ideal += m.ideal[i];
   }
+  measure_retries(run, m);
   m.tiers.front().slo_ideal = std::min(1.0, ratio(m.tiers.front().feasible_met, m.tiers.front().ideal));
   const double window = run.measure_to_s - run.measure_from_s;
   for (size_t k = 0; k < m.tiers.size(); ++k) finish(m.tiers[k], x[k], window);
@@ -563,6 +610,19 @@ std::string run_table(const run_result& run, const run_metrics& m, const scenari
   out += fmt::format("  longest pause between two tokens of a completion, p99 / max (completions paused past what the tier "
                      "allows): {}\n",
                      pauses);
+  if (s.retries > 0) {
+    std::string retries;
+    for (const tier_metrics& t : m.tiers) {
+      retries += fmt::format("{}{} {} of {} refusals retried ({} hints past the run's end), {} refused again, {} "
+                             "completed ({} within the SLO); {} served on a retry, first token p50/p99 {} / {} ms after "
+                             "the first try",
+                             retries.empty() ? "" : "; ", t.tier, t.retried, t.hinted, t.retry_after_end, t.retry_refused,
+                             t.retry_completed, t.retry_on_time, t.served_on_retry, num(t.retry_ttft_p50),
+                             num(t.retry_ttft_p99));
+    }
+    out += fmt::format("  clients retry a refusal for load after its hint, with its token, up to {} times: {}\n", s.retries,
+                       retries);
+  }
   // Fair shares inside a tier: each tenant key's SLO and refusals.
   std::map<std::pair<int32_t, std::string>, std::array<int64_t, 3>> by_tenant;  // offered, met, rejected
   for (const request_record& r : run.records) {

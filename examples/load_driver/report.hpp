@@ -50,6 +50,14 @@ struct tier_metrics {
   double slo_ideal = std::numeric_limits<double>::quiet_NaN(), worst_window_slo_ideal = std::numeric_limits<double>::quiet_NaN();
   double goodput_tps = 0;     // completion tokens per second of the requests that met their SLO
   double completion_tps = 0;  // completion tokens per second of every completed request
+  // Clients' retries (scenario::retries) of the requests measured here. hinted: their tries
+  // (first tries and retries) refused for load with a retry hint; retried: retries sent, each
+  // after its hint with its token; of those, refused again, completed, and within the tier's
+  // SLO (counted from the retry); retry_after_end: retries not sent, their hint passing after
+  // the run's end. served_on_retry: requests refused first and completed on a
+  // retry; their first token p50/p99 counted from the first try (ms; NaN: none).
+  int64_t hinted = 0, retried = 0, retry_after_end = 0, retry_refused = 0, retry_completed = 0, retry_on_time = 0, served_on_retry = 0;
+  double retry_ttft_p50 = std::numeric_limits<double>::quiet_NaN(), retry_ttft_p99 = std::numeric_limits<double>::quiet_NaN();
 };
 
 // One window of the measured part of a run, by arrival time.

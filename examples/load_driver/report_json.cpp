@@ -42,7 +42,11 @@ nlohmann::json metrics_json(const tier_metrics& m) {
           {"tpot_ms", {{"p50", m.tpot_p50}, {"p99", m.tpot_p99}}},
           {"time_to_reject_ms", {{"p50", m.reject_p50}, {"p99", m.reject_p99}}},
           {"longest_pause_ms", {{"p99", m.pause_p99}, {"max", m.pause_max}}},
-          {"stalled", m.stalled}};
+          {"stalled", m.stalled},
+          {"retries", {{"hinted_refusals", m.hinted}, {"retried", m.retried}, {"hint_past_the_end", m.retry_after_end}, {"refused_again", m.retry_refused},
+                       {"completed", m.retry_completed}, {"within_slo", m.retry_on_time},
+                       {"served_on_retry", m.served_on_retry},
+                       {"first_token_after_first_try_ms", {{"p50", m.retry_ttft_p50}, {"p99", m.retry_ttft_p99}}}}}};
 }
 
 nlohmann::json samples_json(const run_result& run, const scenario& s) {
@@ -71,7 +75,7 @@ nlohmann::json samples_json(const run_result& run, const scenario& s) {
 
 nlohmann::json requests_json(const run_result& run, const scenario& s) {
   nlohmann::json out = nlohmann::json::array();
-  for (const request_record& r : run.records) {
+  auto add = [&](const request_record& r) {
     nlohmann::json j = {{"arrival_s", r.plan.arrival_s},
                         {"tier", s.tier(r.plan.tier).name},
                         {"class", r.plan.cls >= 0 ? s.mix[static_cast<size_t>(r.plan.cls)].name : "trace"},
@@ -93,8 +97,17 @@ nlohmann::json requests_json(const run_result& run, const scenario& s) {
       j["total_ms"] = r.total_ms;
       j["longest_pause_ms"] = r.longest_pause_ms;
       if (!r.degradations.empty()) j["degradations"] = r.degradations;
+      if (r.retry_after_ms >= 0) j["retry_after_ms"] = r.retry_after_ms;
+    }
+    if (r.first_try >= 0) {  // a client's retry: which request (its index here) and which retry
+      j["retry_of"] = r.first_try;
+      j["attempt"] = r.attempt;
     }
     out.push_back(std::move(j));
+  };
+  for (const request_record& r : run.records) add(r);
+  for (const request_record& r : run.retries) {
+    if (r.submitted_s >= 0) add(r);  // not the retries whose hint passed after the run's end
   }
   return out;
 }

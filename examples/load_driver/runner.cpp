@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <queue>
 
 namespace tireless::load {
 
@@ -17,9 +18,18 @@ double wall_since(std::chrono::steady_clock::time_point start) {
 // What the outcome callbacks write into; they ignore anything that comes after the run closed.
 struct run_state {
   std::vector<request_record> records;
+  std::vector<request_record> retries;  // run_result::retries
+  // The retries due, soonest first: (when, the try it follows: false for records, true for retries; its index).
+  using due_retry = std::pair<double, std::pair<bool, size_t>>;
+  std::priority_queue<due_retry, std::vector<due_retry>, std::greater<>> due;
+  int32_t max_retries = 0;
   std::vector<int32_t> in_system;
   int64_t outstanding = 0;
+  double last_sent = 0;  // when the last try was sent (the target's clock)
+  double retries_until = 0;  // retries due later are not sent: their clients are still waiting at the end
   bool closed = false;
+
+  request_record& at(bool retry, size_t i) { return retry ? retries[i] : records[i]; }
 };
 
 void record_outcome(request_record& r, const outcome& o, double at) {
@@ -27,6 +37,7 @@ void record_outcome(request_record& r, const outcome& o, double at) {
   r.kind = o.kind;
   r.reason = o.reason;
   if (o.kind != outcome_kind::completed) r.message = o.message;
+  r.retry_after_ms = o.retry_after_ms;
   r.degradations = o.degradations;
   r.prompt_tokens = o.prompt_tokens;
   r.completion_tokens = o.completion_tokens;
@@ -37,19 +48,62 @@ void record_outcome(request_record& r, const outcome& o, double at) {
   r.longest_pause_ms = o.longest_pause_ms;
 }
 
-void submit(target_session& session, const std::shared_ptr<run_state>& st, size_t i) {
-  request_record& r = st->records[i];
-  r.submitted_s = session.now();
+// Sends the try (a first try in records, or a retry) and, when its outcome is a refusal for
+// load and its client has retries left, books the next try after the hint.
+void submit(target_session& session, const std::shared_ptr<run_state>& st, bool retry, size_t i) {
+  request_record& r = st->at(retry, i);
+  r.submitted_s = st->last_sent = session.now();
   ++st->outstanding;
   ++st->in_system[static_cast<size_t>(r.plan.tier)];
-  session.submit(r.plan, [st, i, &session](const outcome& o) {
+  session.submit(r.plan, [st, retry, i, &session](const outcome& o) {
     if (st->closed) return;
-    request_record& rec = st->records[i];
+    request_record& rec = st->at(retry, i);
     if (rec.done()) return;  // a second outcome would be a bug of the target; the first counts
     record_outcome(rec, o, session.now());
     --st->outstanding;
     --st->in_system[static_cast<size_t>(rec.plan.tier)];
+    if (rec.attempt < st->max_retries && retryable(rec)) {
+      const size_t first = retry ? static_cast<size_t>(rec.first_try) : i;
+      request_record next;
+      next.plan = st->records[first].plan;
+      next.plan.arrival_s = session.now() + static_cast<double>(o.retry_after_ms) / 1000.0;
+      next.plan.retry_token = o.retry_token;
+      next.idle_ttft_s = rec.idle_ttft_s;
+      next.idle_work_s = rec.idle_work_s;
+      next.first_try = static_cast<int64_t>(first);
+      next.attempt = rec.attempt + 1;
+      st->retries.push_back(std::move(next));  // `rec` may move: not used after this
+      const double when = st->retries.back().plan.arrival_s;
+      if (when < st->retries_until) st->due.push({when, {true, st->retries.size() - 1}});  // else never sent
+
+    }
   });
+}
+
+// The most a retry is sent after its time: outcomes (and the retries they book) come while the
+// target runs, so with retries the target runs in steps of at most this.
+constexpr double retry_lag_s = 0.05;
+
+// Runs the target to `t`, sending each retry that falls due before it at its time.
+void run_to(target_session& session, const std::shared_ptr<run_state>& st, double t) {
+  // A target's clock counts nanoseconds, and may stop one short of a time asked: a retry due
+  // within a microsecond is due now, and once asked for t, t is reached.
+  constexpr double tick_s = 1e-6;
+  bool reached = false;
+  for (;;) {
+    const double now = reached ? t : session.now();
+    while (!st->due.empty() && st->due.top().first <= std::min(t, now) + tick_s) {
+      const auto which = st->due.top().second;
+      st->due.pop();
+      submit(session, st, which.first, which.second);
+    }
+    if (reached || now >= t) return;
+    double next = t;
+    if (st->max_retries > 0) next = std::min(next, now + retry_lag_s);
+    if (!st->due.empty()) next = std::min(next, std::max(st->due.top().first, now));
+    session.advance_to(next);
+    reached = next >= t;
+  }
 }
 
 load_sample sample(target_session& session, const scenario& s, const run_state& st) {
@@ -74,6 +128,11 @@ load_sample sample(target_session& session, const scenario& s, const run_state& 
 
 }  // namespace
 
+bool retryable(const request_record& r) {
+  return r.done() && r.kind == outcome_kind::rejected && r.retry_after_ms >= 0 &&
+         (r.reason == reason::overloaded || r.reason == reason::quota_exceeded);
+}
+
 capacity_result measure_capacity(target& t, const scenario& s, const progress_fn& progress) {
   capacity_result c;
   c.warmup_s = s.calibration_warmup_s;
@@ -97,7 +156,7 @@ capacity_result measure_capacity(target& t, const scenario& s, const progress_fn
       r.plan = source.next();
       r.plan.arrival_s = session->now();
       st->records.push_back(r);
-      submit(*session, st, st->records.size() - 1);  // records are reached by index: growing is safe
+      submit(*session, st, false, st->records.size() - 1);  // records are reached by index: growing is safe
     }
     session->advance_to(now + step);
     if (progress) progress(std::min(1.0, session->now() / end), "measuring capacity");
@@ -138,6 +197,8 @@ run_result run_open_loop(target& t, const scenario& s, admission_policy policy, 
   auto st = std::make_shared<run_state>();
   st->in_system.assign(static_cast<size_t>(s.tier_count()), 0);
   st->records.resize(plan.size());
+  st->max_retries = s.retries;
+  st->retries_until = out.measure_to_s + s.drain_seconds();
   for (size_t i = 0; i < plan.size(); ++i) {
     st->records[i].plan = plan[i];
     st->records[i].idle_ttft_s = t.idle_first_token_s(plan[i].prompt_tokens, plan[i].arrival_s);
@@ -156,20 +217,23 @@ run_result run_open_loop(target& t, const scenario& s, admission_policy policy, 
   };
   auto sample_until = [&](double t_next) {
     while (next_sample <= t_next) {
-      session->advance_to(next_sample);
+      run_to(*session, st, next_sample);
       out.samples.push_back(sample(*session, s, *st));
       next_sample += s.sample_every_s;
     }
   };
   for (size_t i = 0; i < plan.size() && session->broken().empty(); ++i) {
     sample_until(plan[i].arrival_s);
-    session->advance_to(plan[i].arrival_s);
-    submit(*session, st, i);
+    run_to(*session, st, plan[i].arrival_s);
+    submit(*session, st, false, i);
     if (i % 64 == 0) report("load");
   }
-  // The rest of the horizon, then the bounded wait for the outcomes still due.
+  // The rest of the horizon, then the bounded wait for the outcomes still due: the drain after
+  // the last try sent. Retries are sent until the drain after the horizon ends; a client whose
+  // hint passes later is still waiting when the run ends.
   while (session->broken().empty() &&
-         (session->now() < horizon || (st->outstanding > 0 && session->now() < drain_until))) {
+         (session->now() < horizon || !st->due.empty() ||
+          (st->outstanding > 0 && session->now() < std::max(drain_until, st->last_sent + s.drain_seconds())))) {
     sample_until(session->now() + s.sample_every_s);
     report(session->now() < horizon ? "load" : "drain");
   }
@@ -180,6 +244,7 @@ run_result run_open_loop(target& t, const scenario& s, admission_policy policy, 
   st->closed = true;
   session.reset();
   out.records = std::move(st->records);
+  out.retries = std::move(st->retries);
   out.wall_s = wall_since(wall_start);
   return out;
 }

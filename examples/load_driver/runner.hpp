@@ -20,15 +20,24 @@ struct request_record {
   outcome_kind kind = outcome_kind::failed;
   std::string reason;
   std::string message;  // why, for an outcome other than completed
+  int64_t retry_after_ms = -1;  // rejected: the target's retry hint; -1: none
   std::vector<std::string> degradations;
   int32_t prompt_tokens = 0, completion_tokens = 0, cached_prompt_tokens = 0, preemptions = 0;
   double ttft_ms = -1, total_ms = 0;
   double longest_pause_ms = 0;  // between two of its tokens (outcome::longest_pause_ms)
   double idle_ttft_s = 0;  // its first token on an idle engine (target::idle_first_token_s); NaN: not known
   double idle_work_s = 0;  // that prefill less its steps' fixed cost (target::idle_prefill_work_s); NaN: not known
+  // A client's retry (run_result::retries): its request's first try in run_result::records and
+  // which retry it is (1, 2, ...); -1 and 0 for a first try.
+  int64_t first_try = -1;
+  int32_t attempt = 0;
 
   bool done() const { return outcome_s >= 0; }
 };
+
+// A refusal its client sends again once the hint has passed (tireless_client's
+// RETRYABLE_REJECTIONS): for load or a quota, with a retry hint.
+bool retryable(const request_record& r);
 
 struct load_sample {
   double t = 0;
@@ -42,7 +51,10 @@ struct run_result {
   admission_policy policy = admission_policy::tireless;
   double multiple = 1, rate_rps = 0;
   double measure_from_s = 0, measure_to_s = 0;  // requests arriving in [from, to) are measured
-  std::vector<request_record> records;
+  std::vector<request_record> records;  // the planned requests' first tries, in arrival order
+  // The clients' retries (scenario::retries), in the order they were sent: each after the
+  // retry_after of its request's previous refusal for load, with that refusal's retry token.
+  std::vector<request_record> retries;
   std::vector<load_sample> samples;
   double end_s = 0;   // the target's clock when the run ended
   double wall_s = 0;  // how long it took here
@@ -71,7 +83,9 @@ using progress_fn = std::function<void(double fraction, const std::string& statu
 capacity_result measure_capacity(target& t, const scenario& s, const progress_fn& progress);
 
 // Open loop at multiple × capacity requests per second over warm-up + duration, then a bounded
-// wait (scenario.drain_seconds()) for every outcome; a request without one is lost.
+// wait (scenario.drain_seconds()) for every outcome; a request without one is lost. A request
+// refused for load with a retry hint is sent again after it, with its token, up to
+// scenario.retries times (as tireless_client and examples/cpp_client.cpp retry).
 run_result run_open_loop(target& t, const scenario& s, admission_policy policy, double multiple,
                          double capacity_rps, const progress_fn& progress);
 

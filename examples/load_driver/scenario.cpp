@@ -491,6 +491,13 @@ void read_run(reader& r, const toml::table& doc, scenario& s) {
   }
 }
 
+void read_clients(reader& r, const toml::table& doc, scenario& s) {
+  const toml::table* t = r.table(doc, "clients", "", false);
+  if (!t) return;
+  r.only(*t, "clients", {"retries"});
+  s.retries = static_cast<int32_t>(r.integer(*t, "retries", "clients", 0, 10).value_or(0));
+}
+
 void read_capacity(reader& r, const toml::table& doc, scenario& s) {
   const toml::table* t = r.table(doc, "capacity", "", false);
   if (!t) return;
@@ -611,7 +618,7 @@ scenario parse_scenario(std::string_view toml_text, const std::filesystem::path&
     throw scenario_error({fmt::format("{}:{}:{}: not valid TOML: {}", file.string(), b.line, b.column, e.description())});
   }
   reader r(file.string());
-  r.only(doc, "", {"name", "description", "target", "run", "capacity", "arrivals", "mix", "faults"});
+  r.only(doc, "", {"name", "description", "target", "run", "clients", "capacity", "arrivals", "mix", "faults"});
   s.name = r.string(doc, "name", "").value_or(s.name);
   s.description = r.string(doc, "description", "").value_or("");
   read_target(r, doc, s);
@@ -625,6 +632,7 @@ scenario parse_scenario(std::string_view toml_text, const std::filesystem::path&
   }
   if (const toml::table* t = doc["target"].as_table()) read_autoscale(r, *t, s);  // its tiers are the config's
   read_run(r, doc, s);
+  read_clients(r, doc, s);
   read_capacity(r, doc, s);
   read_faults(r, doc, s);
   if (r.problems().empty()) read_arrivals(r, doc, s, files);

@@ -100,6 +100,12 @@ struct scenario {
   std::vector<admission_policy> policies{admission_policy::fcfs, admission_policy::priority,
                                          admission_policy::tireless};
 
+  // [clients]
+  // How many times a client sends a request again after a refusal for load that carries a
+  // retry hint (reason overloaded or quota_exceeded, retry_after_ms >= 0): once the hint has
+  // passed, with the refusal's retry token, as tireless_client does. 0: clients give up.
+  int32_t retries = 0;
+
   // [capacity]
   double capacity_rps = 0;         // > 0: given, no measurement
   double calibration_s = 60, calibration_warmup_s = 10;

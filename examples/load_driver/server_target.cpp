@@ -190,6 +190,7 @@ class server_session final : public wall_clock_session, public kj::TaskSet::Erro
     messages[system ? 1 : 0].setRole("user");
     messages[system ? 1 : 0].setContent("Write a long, detailed story that uses these words:" + filler_text(own, r.content_seed));
     q.setMaxTokens(r.max_tokens);
+    if (r.retry_token != 0) q.setRetryToken(r.retry_token);
     if (r.timeout_ms > 0) q.setTimeoutMs(r.timeout_ms);
     const uint64_t id = c.next_id++;
     call.setSink(kj::heap<sink>([&c, id, done = std::move(done)](const outcome& o) {

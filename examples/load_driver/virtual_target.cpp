@@ -27,6 +27,7 @@ class virtual_session final : public target_session {
     if (r.tenant_key) q.api_key = *r.tenant_key;
     q.prompt_tokens = prompt_token_ids(r);
     q.max_tokens = r.max_tokens;
+    q.retry_token = r.retry_token;
     // As tireless-serve does for its clients: the configured deadline, or less when asked.
     q.timeout = r.timeout_ms > 0 ? std::min(std::chrono::milliseconds(r.timeout_ms), default_timeout_) : default_timeout_;
     rt_.submit(std::move(q), nullptr, std::move(done));

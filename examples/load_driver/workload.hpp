@@ -20,6 +20,7 @@ struct planned_request {
   int32_t prompt_tokens = 0, max_tokens = 0, system_tokens = 0;
   int64_t timeout_ms = 0;
   uint64_t content_seed = 0;
+  uint64_t retry_token = 0;  // a client's retry: the token of the refusal it follows (0: none)
 };
 
 // Draws requests from the mix, or cycles through the trace, one after another.
