@@ -525,6 +525,28 @@ std::vector<bar_check> check_bars(const std::vector<run_result>& runs, const std
                   stalled == 0 ? st::pass : st::fail,
                   fmt::format("{} of {} completions of tireless runs{}", stalled, completed,
                               where_stalled.empty() ? "" : ":" + where_stalled)});
+  // A retry hint is a promise: back then, with its token, the client is served within its
+  // tier's SLO. Over tireless runs whose clients retry (scenario::retries).
+  int64_t retried = 0, on_time = 0;
+  double worst_wait = nan;
+  std::string where_hints;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    if (runs[i].policy != admission_policy::tireless || metrics[i].total.retried == 0) continue;
+    const tier_metrics& t = metrics[i].total;
+    retried += t.retried;
+    on_time += t.retry_on_time;
+    for (const tier_metrics& k : metrics[i].tiers) {
+      if (!std::isnan(k.retry_ttft_p99)) worst_wait = std::isnan(worst_wait) ? k.retry_ttft_p99 : std::max(worst_wait, k.retry_ttft_p99);
+    }
+    where_hints += fmt::format(" {} {} of {};", runs[i].label, t.retry_on_time, t.retried);
+  }
+  bars.push_back({"retry hints hold: >= 99% of the retries sent after their hint, with their token, served within "
+                  "their tier's SLO (tireless runs whose clients retry)",
+                  retried == 0 ? st::skip : (on_time >= 0.99 * static_cast<double>(retried) ? st::pass : st::fail),
+                  retried == 0 ? std::string("needs clients that retry (clients.retries, --retries)")
+                               : fmt::format("{} of {} ({}); first token after the first try, worst tier's p99 {:.1f} s:{}",
+                                             on_time, retried, pct(ratio(on_time, retried)), worst_wait / 1000.0,
+                                             where_hints)});
   if (runs.empty()) {
     for (auto& b : bars) b.result = st::skip;
   }
