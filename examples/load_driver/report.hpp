@@ -110,6 +110,11 @@ struct run_metrics {
 
 run_metrics measure(const run_result& run, const scenario& s);
 
+// Whether a request completed within its tier's TTFT and TPOT targets.
+bool slo_met(const request_record& r, const tier_metrics& t);
+// Counts by tier of the run's requests arriving in [from, to).
+window_metrics count_window(const run_result& run, const run_metrics& m, double from, double to);
+
 struct bar_check {
   std::string name;
   enum class state { pass, fail, skip } result = state::skip;

@@ -19,8 +19,8 @@ double wall_since(std::chrono::steady_clock::time_point start) {
 struct run_state {
   std::vector<request_record> records;
   std::vector<request_record> retries;  // run_result::retries
-  // The retries due, soonest first: (when, the try it follows: false for records, true for retries; its index).
-  using due_retry = std::pair<double, std::pair<bool, size_t>>;
+  // The retries booked and not sent yet, soonest first: (when, its index in retries).
+  using due_retry = std::pair<double, size_t>;
   std::priority_queue<due_retry, std::vector<due_retry>, std::greater<>> due;
   int32_t max_retries = 0;
   std::vector<int32_t> in_system;
@@ -74,8 +74,7 @@ void submit(target_session& session, const std::shared_ptr<run_state>& st, bool 
       next.attempt = rec.attempt + 1;
       st->retries.push_back(std::move(next));  // `rec` may move: not used after this
       const double when = st->retries.back().plan.arrival_s;
-      if (when < st->retries_until) st->due.push({when, {true, st->retries.size() - 1}});  // else never sent
-
+      if (when < st->retries_until) st->due.push({when, st->retries.size() - 1});  // else never sent
     }
   });
 }
@@ -93,9 +92,9 @@ void run_to(target_session& session, const std::shared_ptr<run_state>& st, doubl
   for (;;) {
     const double now = reached ? t : session.now();
     while (!st->due.empty() && st->due.top().first <= std::min(t, now) + tick_s) {
-      const auto which = st->due.top().second;
+      const size_t retry = st->due.top().second;
       st->due.pop();
-      submit(session, st, which.first, which.second);
+      submit(session, st, true, retry);
     }
     if (reached || now >= t) return;
     double next = t;
