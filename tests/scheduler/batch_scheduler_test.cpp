@@ -163,7 +163,9 @@ TEST(batch_scheduler, a_burst_feasible_one_by_one_but_not_together_keeps_the_mos
       ASSERT_FALSE(s.token_times(id).empty()) << id;
       on_time[most_on_time] += s.token_times(id)[0] - start <= 500'000'000;
     }
-    if (most_on_time) EXPECT_GT(s.token_times(1)[0], s.token_times(4)[0]) << "the longest went last";
+    if (most_on_time) {
+      EXPECT_GT(s.token_times(1)[0], s.token_times(4)[0]) << "the longest went last";
+    }
   }
   EXPECT_LE(on_time[false], 2) << "deadline order";
   EXPECT_GE(on_time[true], 3) << "longest last";
