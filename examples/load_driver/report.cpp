@@ -86,6 +86,12 @@ bool slo_met(const request_record& r, const tier_metrics& t) {
          (std::isnan(tpot) || tpot <= t.tpot_target_ms);
 }
 
+double on_some_try(const tier_metrics& t) {
+  // A request is retried until a try completes: at most one of its tries met the SLO.
+  return t.offered > 0 ? static_cast<double>(t.slo_met + t.retry_on_time) / static_cast<double>(t.offered)
+                       : std::numeric_limits<double>::quiet_NaN();
+}
+
 namespace {
 
 bool feasible(const request_record& r, const tier_metrics& t) {

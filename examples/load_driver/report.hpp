@@ -112,6 +112,9 @@ run_metrics measure(const run_result& run, const scenario& s);
 
 // Whether a request completed within its tier's TTFT and TPOT targets.
 bool slo_met(const request_record& r, const tier_metrics& t);
+// The share of a tier's measured requests served within its SLO on their first try or on a
+// client's retry (a retry counted from when it was sent); NaN without requests.
+double on_some_try(const tier_metrics& t);
 // Counts by tier of the run's requests arriving in [from, to).
 window_metrics count_window(const run_result& run, const run_metrics& m, double from, double to);
 

@@ -46,6 +46,7 @@ nlohmann::json metrics_json(const tier_metrics& m) {
           {"retries", {{"hinted_refusals", m.hinted}, {"retried", m.retried}, {"hint_past_the_end", m.retry_after_end}, {"refused_again", m.retry_refused},
                        {"completed", m.retry_completed}, {"within_slo", m.retry_on_time},
                        {"served_on_retry", m.served_on_retry},
+                       {"slo_on_some_try", on_some_try(m)},
                        {"first_token_after_first_try_ms", {{"p50", m.retry_ttft_p50}, {"p99", m.retry_ttft_p99}}}}}};
 }
 

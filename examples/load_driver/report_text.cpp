@@ -121,10 +121,10 @@ std::string run_table(const run_result& run, const run_metrics& m, const scenari
     for (const tier_metrics& t : m.tiers) {
       retries += fmt::format("{}{} {} of {} refusals retried ({} hints past the run's end), {} refused again, {} "
                              "completed ({} within the SLO); {} served on a retry, first token p50/p99 {} / {} ms after "
-                             "the first try",
+                             "the first try; {} of the tier's requests within the SLO on some try ({} on the first)",
                              retries.empty() ? "" : "; ", t.tier, t.retried, t.hinted, t.retry_after_end, t.retry_refused,
                              t.retry_completed, t.retry_on_time, t.served_on_retry, num(t.retry_ttft_p50),
-                             num(t.retry_ttft_p99));
+                             num(t.retry_ttft_p99), pct(on_some_try(t)), pct(t.slo_attainment));
     }
     out += fmt::format("  clients retry a refusal for load after its hint, with its token, up to {} times: {}\n", s.retries,
                        retries);

@@ -128,6 +128,8 @@ TEST(client_retries, each_refusal_is_sent_again_after_its_hint_with_its_token_an
   EXPECT_EQ(f.retry_refused, 0);
   EXPECT_EQ(f.served_on_retry, f.offered);
   EXPECT_EQ(f.retry_on_time, f.offered);
+  EXPECT_EQ(f.slo_attainment, 0.0) << "no first try was served";
+  EXPECT_EQ(on_some_try(f), 1.0) << "every request was served within the SLO on its retry";
   EXPECT_NEAR(f.retry_ttft_p50, 700 + 50, 60) << "the hint's wait, then its first token";
 }
 
@@ -149,6 +151,7 @@ TEST(client_retries, a_client_gives_up_after_its_retries_and_a_hint_past_the_end
   EXPECT_GT(f.retry_after_end, 0) << "the last requests' hints pass after the run";
   EXPECT_EQ(f.retry_refused, f.retried);
   EXPECT_EQ(f.served_on_retry, 0);
+  EXPECT_EQ(on_some_try(f), 0.0) << "refused on every try";
   EXPECT_EQ(t.sent.size(), run.records.size() + static_cast<size_t>(f.retried));
 }
 
