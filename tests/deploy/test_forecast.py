@@ -148,6 +148,9 @@ def test_prometheus(work):
         last_full = max(d for d in daily_peak if d < dt.datetime.fromtimestamp(end, dt.timezone.utc).date())
         days = {d["date"]: d for d in res["days"]}
         check(len(days) == 14, "no 14-day forecast")
+        today = dt.datetime.now(dt.timezone.utc).date()
+        check(min(days) == today.isoformat(), f"the forecast starts {min(days)}, not today ({today}): the day in progress "
+              "was read as a whole day of history")
         check(res["forecast_peak"] > max(daily_peak.values()), "a growing demand is not forecast to grow")
         print(f"prometheus: {res['history_days']} days, last peak {res['last_peak']:.2f} "
               f"(generated {daily_peak[last_full]:.2f} on {last_full}), forecast peak {res['forecast_peak']:.2f}, "
