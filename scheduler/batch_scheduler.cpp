@@ -317,18 +317,35 @@ kv_request batch_scheduler::propose(const step_time_budget& time, int64_t now) {
   if (!releases_.empty() || !any_running) ++release_epoch_;
   replan_ = false;
   kv_request r;
-  r.releases = std::move(releases_);
-  releases_.clear();
-  r.commits = std::move(commits_);
-  commits_.clear();
-  plan_.clear();
-  const std::vector<const sequence*> order = keep_order();
-  // Places in the step go in keep order (higher tiers first, so a full batch of low-tier
-  // decodes cannot keep a premium request out: vLLM issue 40004), except those a running
-  // stream further down needs: one whose next token would be late if it skipped this step
-  // keeps a place, so a queue of higher-tier prompts longer than the step's tokens reach
-  // (places they get nothing in) cannot stall it for as long as they wait. `placed` holds
-  // indexes into `order`; tokens[i] is what order[i] computes this step (0: not stepped).
+  r.releases = std::exchange(releases_, {});
+  r.commits = std::exchange(commits_, {});
+  draft d;
+  d.order = keep_order();
+  d.placed = places_in_step(d.order, time, now);
+  for (size_t k = 0; k < d.placed.size(); ++k) {
+    if (k == 0 || d.order[d.placed[k]]->spec.priority != d.order[d.placed[k - 1]]->spec.priority) d.tiers.push_back(k);
+  }
+  d.tiers.push_back(d.placed.size());
+  for (size_t t = 0; t + 1 < d.tiers.size(); ++t) {
+    d.prefills.push_back(prefill_order(d.order, d.placed, d.tiers[t], d.tiers[t + 1], time, now));
+  }
+  d.tokens.assign(d.order.size(), 0);
+  if (time.seconds <= 0) {
+    fill_by_tokens(d);
+  } else {
+    fill_by_time(d, time, now);
+  }
+  plan_entries(d, r);
+  return r;
+}
+
+// Places in the step go in keep order (higher tiers first, so a full batch of low-tier
+// decodes cannot keep a premium request out: vLLM issue 40004), except those a running
+// stream further down needs: one whose next token would be late if it skipped this step
+// keeps a place, so a queue of higher-tier prompts longer than the step's tokens reach
+// (places they get nothing in) cannot stall it for as long as they wait.
+std::vector<size_t> batch_scheduler::places_in_step(const std::vector<const sequence*>& order,
+                                                    const step_time_budget& time, int64_t now) const {
   const int64_t skip_is_late_at = now + static_cast<int64_t>(2e9 * std::max(time.seconds, 0.0));
   auto steps = [&](const sequence& s) {
     return !s.paused() && !refused(s) && static_cast<int32_t>(s.tokens.size()) > s.computed;
@@ -349,105 +366,107 @@ kv_request batch_scheduler::propose(const step_time_budget& time, int64_t now) {
     }
     placed.push_back(i);
   }
-  // The tiers: placed[tiers[t]..tiers[t + 1]) share a priority.
-  std::vector<size_t> tiers;
-  for (size_t k = 0; k < placed.size(); ++k) {
-    if (k == 0 || order[placed[k]]->spec.priority != order[placed[k - 1]]->spec.priority) tiers.push_back(k);
-  }
-  tiers.push_back(placed.size());
-  // Each tier's prefill candidates in the order its prefill budget goes to them.
-  const double decode_seconds = time.seconds > 0 ? paced_decode_seconds(order, placed, tiers, time, now) : 0.0;
-  std::vector<std::vector<prefill_pick>> prefills;
-  for (size_t t = 0; t + 1 < tiers.size(); ++t) {
-    prefills.push_back(prefill_order(order, placed, tiers[t], tiers[t + 1], time, now));
-  }
-  std::vector<int32_t> tokens(order.size(), 0);
+  return placed;
+}
+
+// Only tokens limit the step: one token for every decode first, then prefill chunks tier by
+// tier, so decodes never starve behind a prefill the KV pool may refuse.
+void batch_scheduler::fill_by_tokens(draft& d) const {
   int32_t budget = limits_.max_step_tokens;
-  if (time.seconds <= 0) {
-    // Only tokens limit the step: one token for every decode first, then prefill chunks tier
-    // by tier, so decodes never starve behind a prefill the KV pool may refuse.
-    for (size_t i : placed) {
-      if (is_decode(*order[i]) && budget > 0) {
-        tokens[i] = 1;
-        --budget;
-      }
-    }
-    for (size_t t = 0; t + 1 < tiers.size(); ++t) {
-      for (const prefill_pick& p : prefills[t]) {
-        if (budget <= 0) break;
-        const size_t i = p.at;
-        const sequence& s = *order[i];
-        const int32_t n = std::min(static_cast<int32_t>(s.tokens.size()) - s.computed, budget);
-        tokens[i] = n;
-        budget -= n;
-      }
-    }
-  } else {
-    // The step time is the budget (the tightest tier's time per output token): work goes tier
-    // by tier, each tier's decodes before its prefill, so a premium prompt is prefilled
-    // before a free request's next token; what does not fit waits for the next step. A lower
-    // tier's decode yields so only within its own slack: one whose next token would be late
-    // if it skipped this step runs first. Two floors hold whatever the budget (a machine
-    // slower than the target, a sanitizer build): every decode of the first tier runs
-    // (skipping one only makes that tier's time per token worse), and prefill advances by
-    // min_step_prefill_tokens, the progress admission's predictions count on (so a waiting
-    // request is never starved by running decodes that fill the step's time).
-    const step_shape shape = shape_step(order, placed, prefills, time, decode_seconds, now);
-    const double seconds = shape.seconds;
-    double left = seconds - time.c0;
-    int32_t prefill_floor = min_step_prefill_tokens;
-    auto decode_cost = [&](const sequence& s) { return time.per_decode + time.per_context_position * s.computed; };
-    auto place_decode = [&](size_t i) {
-      tokens[i] = 1;
+  for (size_t i : d.placed) {
+    if (is_decode(*d.order[i]) && budget > 0) {
+      d.tokens[i] = 1;
       --budget;
-      left -= decode_cost(*order[i]);
-    };
-    // Decodes whose next token would be late if they skipped this step run first: a lower
-    // tier's always; when a tier's prefill goes first, that tier's too, and then those without
-    // a deadline as well (no slack of theirs is known to spend).
-    const size_t n_tiers = tiers.size() - 1;
-    const int64_t skip_is_late = now + static_cast<int64_t>(2e9 * seconds);
-    for (size_t k = shape.prefill_first == 0 || n_tiers == 0 ? 0 : tiers[1]; k < placed.size(); ++k) {
-      const sequence& s = *order[placed[k]];
-      if (!is_decode(s) || budget <= 0) continue;
-      const int64_t due = s.next_token_due();
-      const bool yields = k >= tiers[std::min(shape.prefill_first, n_tiers)];
-      if (due <= skip_is_late || (yields && due == no_deadline)) place_decode(placed[k]);
     }
-    auto place_decodes = [&](size_t t) {
-      for (size_t k = tiers[t]; k < tiers[t + 1]; ++k) {
-        const sequence& s = *order[placed[k]];
-        if (!is_decode(s) || tokens[placed[k]] > 0 || budget <= 0) continue;
-        if (decode_cost(s) > left && (t > 0 || shape.prefill_first == 0)) continue;
-        place_decode(placed[k]);
-      }
-    };
-    for (size_t t = 0; t < n_tiers; ++t) {
-      if (t < shape.prefill_first) place_decodes(t);
-      for (const prefill_pick& p : prefills[t]) {
-        if (budget <= 0) break;
-        const size_t i = p.at;
-        const sequence& s = *order[i];
-        const int32_t fit = time.per_prefill_token > 0 ? static_cast<int32_t>(left / time.per_prefill_token) : budget;
-        const int32_t n = std::min({static_cast<int32_t>(s.tokens.size()) - s.computed, budget,
-                                    std::max(fit, prefill_floor)});
-        if (n <= 0) continue;
-        tokens[i] = n;
-        budget -= n;
-        left -= n * time.per_prefill_token;
-        prefill_floor = std::max(prefill_floor - n, 0);
-      }
-    }
-    // A prompt would miss its first-token deadline at the budget's pace: the decodes of its
-    // tier and below that are ahead of theirs (by two steps or more) yielded to prefill; they
-    // take what time is left.
-    for (size_t t = shape.prefill_first; t < n_tiers; ++t) place_decodes(t);
   }
-  r.entries.reserve(order.size());
-  plan_.reserve(order.size());
-  for (size_t i = 0; i < order.size(); ++i) {
-    const sequence& s = *order[i];
-    const int32_t n = tokens[i];
+  for (const std::vector<prefill_pick>& tier : d.prefills) {
+    for (const prefill_pick& p : tier) {
+      if (budget <= 0) break;
+      const sequence& s = *d.order[p.at];
+      const int32_t n = std::min(static_cast<int32_t>(s.tokens.size()) - s.computed, budget);
+      d.tokens[p.at] = n;
+      budget -= n;
+    }
+  }
+}
+
+// The step time is the budget (the tightest tier's time per output token): work goes tier by
+// tier, each tier's decodes before its prefill, so a premium prompt is prefilled before a free
+// request's next token; what does not fit waits for the next step. A lower tier's decode yields
+// so only within its own slack: one whose next token would be late if it skipped this step
+// runs first. Two floors hold whatever the budget (a machine slower than the target, a
+// sanitizer build): every decode of the first tier runs (skipping one only makes that tier's
+// time per token worse), and prefill advances by min_step_prefill_tokens, the progress
+// admission's predictions count on (so a waiting request is never starved by running decodes
+// that fill the step's time).
+void batch_scheduler::fill_by_time(draft& d, const step_time_budget& time, int64_t now) const {
+  const std::vector<const sequence*>& order = d.order;
+  const std::vector<size_t>& placed = d.placed;
+  const std::vector<size_t>& tiers = d.tiers;
+  std::vector<int32_t>& tokens = d.tokens;
+  const double decode_seconds = paced_decode_seconds(order, placed, tiers, time, now);
+  const step_shape shape = shape_step(order, placed, d.prefills, time, decode_seconds, now);
+  const double seconds = shape.seconds;
+  int32_t budget = limits_.max_step_tokens;
+  double left = seconds - time.c0;
+  int32_t prefill_floor = min_step_prefill_tokens;
+  auto decode_cost = [&](const sequence& s) { return time.per_decode + time.per_context_position * s.computed; };
+  auto place_decode = [&](size_t i) {
+    tokens[i] = 1;
+    --budget;
+    left -= decode_cost(*order[i]);
+  };
+  // Decodes whose next token would be late if they skipped this step run first: a lower
+  // tier's always; when a tier's prefill goes first, that tier's too, and then those without
+  // a deadline as well (no slack of theirs is known to spend).
+  const size_t n_tiers = tiers.size() - 1;
+  const int64_t skip_is_late = now + static_cast<int64_t>(2e9 * seconds);
+  for (size_t k = shape.prefill_first == 0 || n_tiers == 0 ? 0 : tiers[1]; k < placed.size(); ++k) {
+    const sequence& s = *order[placed[k]];
+    if (!is_decode(s) || budget <= 0) continue;
+    const int64_t due = s.next_token_due();
+    const bool yields = k >= tiers[std::min(shape.prefill_first, n_tiers)];
+    if (due <= skip_is_late || (yields && due == no_deadline)) place_decode(placed[k]);
+  }
+  auto place_decodes = [&](size_t t) {
+    for (size_t k = tiers[t]; k < tiers[t + 1]; ++k) {
+      const sequence& s = *order[placed[k]];
+      if (!is_decode(s) || tokens[placed[k]] > 0 || budget <= 0) continue;
+      if (decode_cost(s) > left && (t > 0 || shape.prefill_first == 0)) continue;
+      place_decode(placed[k]);
+    }
+  };
+  for (size_t t = 0; t < n_tiers; ++t) {
+    if (t < shape.prefill_first) place_decodes(t);
+    for (const prefill_pick& p : d.prefills[t]) {
+      if (budget <= 0) break;
+      const size_t i = p.at;
+      const sequence& s = *order[i];
+      const int32_t fit = time.per_prefill_token > 0 ? static_cast<int32_t>(left / time.per_prefill_token) : budget;
+      const int32_t n = std::min({static_cast<int32_t>(s.tokens.size()) - s.computed, budget,
+                                  std::max(fit, prefill_floor)});
+      if (n <= 0) continue;
+      tokens[i] = n;
+      budget -= n;
+      left -= n * time.per_prefill_token;
+      prefill_floor = std::max(prefill_floor - n, 0);
+    }
+  }
+  // A prompt would miss its first-token deadline at the budget's pace: the decodes of its
+  // tier and below that are ahead of theirs (by two steps or more) yielded to prefill; they
+  // take what time is left.
+  for (size_t t = shape.prefill_first; t < n_tiers; ++t) place_decodes(t);
+}
+
+// What the step holds in the KV pool: every running sequence (stepped or kept) and the
+// waiting ones it steps, in keep order; plan_ remembers it for finalize().
+void batch_scheduler::plan_entries(const draft& d, kv_request& r) {
+  plan_.clear();
+  r.entries.reserve(d.order.size());
+  plan_.reserve(d.order.size());
+  for (size_t i = 0; i < d.order.size(); ++i) {
+    const sequence& s = *d.order[i];
+    const int32_t n = d.tokens[i];
     if (!s.running && n == 0) continue;  // waiting and not this step: nothing to hold
     kv_entry e;
     e.seq = s.spec.id;
@@ -459,7 +478,6 @@ kv_request batch_scheduler::propose(const step_time_budget& time, int64_t now) {
     plan_.push_back({e.seq, e.positions});
     r.entries.push_back(std::move(e));
   }
-  return r;
 }
 
 step_batch batch_scheduler::finalize(const kv_reply& reply) {

@@ -222,6 +222,20 @@ class batch_scheduler {
   step_shape shape_step(const std::vector<const sequence*>& order, const std::vector<size_t>& placed,
                         const std::vector<std::vector<prefill_pick>>& prefills, const step_time_budget& time,
                         double decode_seconds, int64_t now) const;
+  // The step propose() drafts: the sequences in keep order, their places in the step, and
+  // the tokens each computes.
+  struct draft {
+    std::vector<const sequence*> order;                // keep_order()
+    std::vector<size_t> placed;                        // indexes into order of the places in the step
+    std::vector<size_t> tiers;                         // placed[tiers[t]..tiers[t + 1]) share a priority
+    std::vector<std::vector<prefill_pick>> prefills;   // each tier's prefill_order()
+    std::vector<int32_t> tokens;                       // what order[i] computes (0: not stepped)
+  };
+  std::vector<size_t> places_in_step(const std::vector<const sequence*>& order, const step_time_budget& time,
+                                     int64_t now) const;
+  void fill_by_tokens(draft& d) const;
+  void fill_by_time(draft& d, const step_time_budget& time, int64_t now) const;
+  void plan_entries(const draft& d, kv_request& r);
 
   scheduler_limits limits_;
   std::map<seq_id, sequence> seqs_;
