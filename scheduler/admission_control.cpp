@@ -229,6 +229,16 @@ std::optional<admission_decision> admission_control::check_quotas(tenant_state& 
   return std::nullopt;
 }
 
+template <class Message>
+admission_decision admission_control::refuse_overloaded(const tier_settings& ts, const arrival& a, double within_seconds,
+                                                        bool promise, bool reserve, Message&& message) {
+  uint64_t token = 0;
+  const int64_t hint = retry_hint_ms(ts, a, within_seconds, promise, reserve ? &token : nullptr);
+  admission_decision r = refuse(refusal::overloaded, message(hint), hint);
+  r.retry_token = token;
+  return r;
+}
+
 // The policy's decision for a request arriving now; nothing is queued. A refusal's retry hint
 // is promised (see promised_) when `promise`, else not even computed.
 admission_decision admission_control::decide(const arrival& a, bool promise) {
@@ -240,137 +250,132 @@ admission_decision admission_control::decide(const arrival& a, bool promise) {
   d.admitted = true;
   d.max_tokens = a.max_tokens;
   d.priority = kind_ == admission_policy::fcfs || kind_ == admission_policy::least_slack ? 0 : ts.priority;
-  tenant_state* tenant = &tenant_of(a.tenant);
+  tenant_state& tenant = tenant_of(a.tenant);
   if (kind_ == admission_policy::least_slack) {  // deadlines, and nothing refused
     d.ttft_target = ts.ttft;
     d.tpot_target = ts.tpot;
     return d;
   }
-
   if (kind_ == admission_policy::tireless) {
-    d.ttft_target = ts.ttft;
-    d.tpot_target = ts.tpot;
-    const double target = std::chrono::duration<double>(ts.ttft).count();
-    // A client back with its reservation is not shed now: its hint was a promise. (Newcomers
-    // are judged by the work queued, not by reservations: clients that retry without their
-    // token, or never, would otherwise hold phantom room; in the sim suite that cost 30-40% of
-    // the goodput at 2-3x.)
-    const bool reserved = holds_reservation(a);
-    const double ttft = predicted_ttft(ts.name, a.prompt_tokens);
-    // Infeasible: its own prefill, on an idle engine, takes longer than the target. It is
-    // judged by the wait ahead of it (the target is out of reach whatever the load) and by
-    // what it costs the tiers below it (their requests wait behind it), served after the
-    // feasible requests of its tier, and its outcome says so.
-    const double idle = idle_prefill(a.prompt_tokens);
-    const bool infeasible = target > 0 && idle > target;
-    if (promise && !infeasible) {  // an arrival (not a question about one) that can be on time: the tier's load
-      tier.offered.add(a.prompt_tokens, a.now_ns);
-    }
-    // A sheddable request's start bound is its tier's, stretched for an infeasible prompt as
-    // far as its own prefill exceeds the target (its promise is relative to that prefill).
-    if (ts.sheddable) {
-      d.start_within = std::chrono::duration_cast<std::chrono::nanoseconds>(ts.start_bound() *
-                                                                            (infeasible ? idle / target : 1.0));
-    }
-    const double pressure = target > 0 ? (infeasible ? (ttft - idle) / target : ttft / target) : 0.0;
-    if (!reserved && infeasible && ts.sheddable && (ttft - idle > target || displaces_lower_tiers(ts, a.prompt_tokens))) {
-      const int32_t fits = longest_prompt_within(target);
-      return refuse(refusal::prompt_too_long,
-                    fmt::format("a {}-token prompt cannot start within tier '{}''s {:.0f} ms even on an idle engine "
-                                "(~{:.1f} s), and the engine is busy: split it into parts of at most {} tokens, or "
-                                "retry later",
-                                a.prompt_tokens, ts.name, target * 1e3, idle, fits),
-                    retry_hint_ms(ts, a, target + idle, promise));
-    }
-    if (infeasible) {
-      d.degradations.push_back(fmt::format("a {}-token prompt cannot start within tier '{}''s {:.0f} ms; expect ~{:.1f} s",
-                                           a.prompt_tokens, ts.name, target * 1e3, ttft));
-    }
-    const degradation deg = ts.degradation_at(pressure);
-    if (deg.shed && !reserved) {
-      // Back when the pressure is under the rung that sheds, not merely under the target.
-      uint64_t token = 0;
-      const int64_t hint = retry_hint_ms(ts, a, target * shed_pressure(ts), promise, &token);
-      admission_decision r = refuse(refusal::overloaded,
-                                    fmt::format("tier '{}' is shedding load (pressure {:.2f}): the predicted time "
-                                                "to first token is {:.1f} s against a target of {:.1f} s",
-                                                ts.name, pressure, ttft, target),
-                                    hint);
-      r.retry_token = token;
-      return r;
-    }
-    if (deg.max_prompt_tokens && a.prompt_tokens > *deg.max_prompt_tokens && !reserved) {
-      return refuse(refusal::prompt_too_long,
-                    fmt::format("under the current load tier '{}' accepts prompts of at most {} tokens; this "
-                                "one has {}: split it into parts of at most {} tokens, or retry later",
-                                ts.name, *deg.max_prompt_tokens, a.prompt_tokens, *deg.max_prompt_tokens),
-                    retry_hint_ms(ts, a, target, promise));
-    }
-    if (deg.max_tokens && d.max_tokens > *deg.max_tokens) {
-      d.degradations.push_back(fmt::format("max_tokens capped from {} to {} (tier {}, pressure {:.2f})",
-                                           d.max_tokens, *deg.max_tokens, ts.name, pressure));
-      d.max_tokens = *deg.max_tokens;
-    }
-    if (ts.sheddable && !infeasible && ttft > target && !reserved) {
-      uint64_t token = 0;
-      const int64_t hint = retry_hint_ms(ts, a, target * std::min(1.0, shed_pressure(ts)), promise, &token);
-      admission_decision r = refuse(refusal::overloaded,
-                                    fmt::format("the predicted time to first token, {:.1f} s, misses tier '{}''s "
-                                                "target of {:.1f} s; retry in {} ms",
-                                                ttft, ts.name, target, hint),
-                                    hint);
-      r.retry_token = token;
-      return r;
-    }
-    // A tier that is not sheddable is not refused for the lower tiers' load (its forecast lets
-    // their decodes yield, as the engine packs a step), but when the work of its own tier and
-    // above would hold its first token past its start bound (default 2x its target) or
-    // max_queue_wait, it is refused now, with a retry hint, rather than served late with the
-    // others. And when the tier's offered prompts that can be on time (less what the prefix
-    // cache holds; infeasible ones go after them), at the pace its own work gets, would need
-    // more than the whole engine (the tier alone is over the capacity: some of it must miss),
-    // a feasible one is refused once it would miss its target, so that those admitted meet
-    // theirs (h200-premium-heavy short form at 3x: 42.7% -> 55.2% of premium on time).
-    double max_wait = std::min(std::chrono::duration<double>(settings_.max_queue_wait).count(),
-                               std::chrono::duration<double>(ts.start_bound()).count());
-    double own_ttft = ttft;
-    bool over = false;
-    if (!ts.sheddable) {
-      const first_token_forecast own = forecast(ts.name, a.prompt_tokens, 0, true);
-      own_ttft = own.seconds;
-      over = !infeasible && tier.offered.at(a.now_ns, observing_since_ns_) * uncached_share(ts.priority) * own.seconds_per_token > 1.0;
-      if (over) max_wait = std::min(max_wait, target);
-    }
-    if (!ts.sheddable && max_wait > 0 && own_ttft - (infeasible ? idle : 0.0) > max_wait && !reserved) {
-      uint64_t token = 0;
-      const int64_t hint = retry_hint_ms(ts, a, max_wait, promise, &token);
-      admission_decision r = refuse(
-          refusal::overloaded,
-          over ? fmt::format("tier '{}' (not shed) offers more than the server's whole capacity at the moment, and the "
-                             "predicted time to first token, {:.1f} s, misses its target of {:.1f} s: refused now so that "
-                             "those admitted meet theirs; retry in {} ms",
-                             ts.name, own_ttft, target, hint)
-               : fmt::format("the predicted time to first token, {:.1f} s, is beyond the longest wait "
-                             "(start_within_ms or admission.max_queue_wait_ms, {:.1f} s) even for tier '{}', which is not "
-                             "shed: the server is over its capacity for this tier alone; retry in {} ms",
-                             own_ttft, max_wait, ts.name, hint),
-          hint);
-      r.retry_token = token;
-      return r;
-    }
-    if (auto q = check_quotas(*tenant, a, d.max_tokens)) return *q;
+    if (auto r = judge_by_forecast(a, tier, d, promise)) return *r;
+    if (auto q = check_quotas(tenant, a, d.max_tokens)) return *q;
   }
   // A client back with its token was promised room: the bound (against a flood) does not turn
   // it away again.
   if (kind_ != admission_policy::fcfs && tier.queued >= ts.queue_bound && !holds_reservation(a)) {
-    uint64_t token = 0;
-    const int64_t hint = retry_hint_ms(ts, a, 0.0, promise, kind_ == admission_policy::tireless ? &token : nullptr);
-    admission_decision r =
-        refuse(refusal::overloaded, fmt::format("tier '{}' has {} requests waiting, its limit", ts.name, tier.queued), hint);
-    r.retry_token = token;
-    return r;
+    return refuse_overloaded(ts, a, 0.0, promise, kind_ == admission_policy::tireless, [&](int64_t) {
+      return fmt::format("tier '{}' has {} requests waiting, its limit", ts.name, tier.queued);
+    });
   }
   return d;
+}
+
+// tireless: the arrival against its tier's forecast and degradation ladder. A refusal, or
+// nothing with d filled in (targets, start bound, degradations, max_tokens).
+std::optional<admission_decision> admission_control::judge_by_forecast(const arrival& a, tier_state& tier,
+                                                                       admission_decision& d, bool promise) {
+  const tier_settings& ts = *tier.settings;
+  d.ttft_target = ts.ttft;
+  d.tpot_target = ts.tpot;
+  const double target = std::chrono::duration<double>(ts.ttft).count();
+  // A client back with its reservation is not shed now: its hint was a promise. (Newcomers
+  // are judged by the work queued, not by reservations: clients that retry without their
+  // token, or never, would otherwise hold phantom room; in the sim suite that cost 30-40% of
+  // the goodput at 2-3x.)
+  const bool reserved = holds_reservation(a);
+  const double ttft = predicted_ttft(ts.name, a.prompt_tokens);
+  // Infeasible: its own prefill, on an idle engine, takes longer than the target. It is
+  // judged by the wait ahead of it (the target is out of reach whatever the load) and by
+  // what it costs the tiers below it (their requests wait behind it), served after the
+  // feasible requests of its tier, and its outcome says so.
+  const double idle = idle_prefill(a.prompt_tokens);
+  const bool infeasible = target > 0 && idle > target;
+  if (promise && !infeasible) {  // an arrival (not a question about one) that can be on time: the tier's load
+    tier.offered.add(a.prompt_tokens, a.now_ns);
+  }
+  // A sheddable request's start bound is its tier's, stretched for an infeasible prompt as
+  // far as its own prefill exceeds the target (its promise is relative to that prefill).
+  if (ts.sheddable) {
+    d.start_within = std::chrono::duration_cast<std::chrono::nanoseconds>(ts.start_bound() *
+                                                                          (infeasible ? idle / target : 1.0));
+  }
+  const double pressure = target > 0 ? (infeasible ? (ttft - idle) / target : ttft / target) : 0.0;
+  if (!reserved && infeasible && ts.sheddable && (ttft - idle > target || displaces_lower_tiers(ts, a.prompt_tokens))) {
+    const int32_t fits = longest_prompt_within(target);
+    return refuse(refusal::prompt_too_long,
+                  fmt::format("a {}-token prompt cannot start within tier '{}''s {:.0f} ms even on an idle engine "
+                              "(~{:.1f} s), and the engine is busy: split it into parts of at most {} tokens, or "
+                              "retry later",
+                              a.prompt_tokens, ts.name, target * 1e3, idle, fits),
+                  retry_hint_ms(ts, a, target + idle, promise));
+  }
+  if (infeasible) {
+    d.degradations.push_back(fmt::format("a {}-token prompt cannot start within tier '{}''s {:.0f} ms; expect ~{:.1f} s",
+                                         a.prompt_tokens, ts.name, target * 1e3, ttft));
+  }
+  const degradation deg = ts.degradation_at(pressure);
+  if (deg.shed && !reserved) {
+    // Back when the pressure is under the rung that sheds, not merely under the target.
+    return refuse_overloaded(ts, a, target * shed_pressure(ts), promise, true, [&](int64_t) {
+      return fmt::format("tier '{}' is shedding load (pressure {:.2f}): the predicted time to first token is {:.1f} s "
+                         "against a target of {:.1f} s",
+                         ts.name, pressure, ttft, target);
+    });
+  }
+  if (deg.max_prompt_tokens && a.prompt_tokens > *deg.max_prompt_tokens && !reserved) {
+    return refuse(refusal::prompt_too_long,
+                  fmt::format("under the current load tier '{}' accepts prompts of at most {} tokens; this "
+                              "one has {}: split it into parts of at most {} tokens, or retry later",
+                              ts.name, *deg.max_prompt_tokens, a.prompt_tokens, *deg.max_prompt_tokens),
+                  retry_hint_ms(ts, a, target, promise));
+  }
+  if (deg.max_tokens && d.max_tokens > *deg.max_tokens) {
+    d.degradations.push_back(fmt::format("max_tokens capped from {} to {} (tier {}, pressure {:.2f})",
+                                         d.max_tokens, *deg.max_tokens, ts.name, pressure));
+    d.max_tokens = *deg.max_tokens;
+  }
+  if (ts.sheddable && !infeasible && ttft > target && !reserved) {
+    return refuse_overloaded(ts, a, target * std::min(1.0, shed_pressure(ts)), promise, true, [&](int64_t hint) {
+      return fmt::format("the predicted time to first token, {:.1f} s, misses tier '{}''s target of {:.1f} s; retry in {} ms",
+                         ttft, ts.name, target, hint);
+    });
+  }
+  if (!ts.sheddable && !reserved) return hold_start_bound(a, tier, infeasible ? idle : 0.0, promise);
+  return std::nullopt;
+}
+
+// A tier that is not sheddable is not refused for the lower tiers' load (its forecast lets
+// their decodes yield, as the engine packs a step), but when the work of its own tier and
+// above would hold its first token past its start bound (default 2x its target) or
+// max_queue_wait, it is refused now, with a retry hint, rather than served late with the
+// others. And when the tier's offered prompts that can be on time (less what the prefix
+// cache holds; infeasible ones go after them), at the pace its own work gets, would need
+// more than the whole engine (the tier alone is over the capacity: some of it must miss),
+// a feasible one is refused once it would miss its target, so that those admitted meet
+// theirs (h200-premium-heavy short form at 3x: 42.7% -> 55.2% of premium on time).
+// idle: an infeasible prompt's own prefill on an idle engine (0 for a feasible one).
+std::optional<admission_decision> admission_control::hold_start_bound(const arrival& a, const tier_state& tier,
+                                                                      double idle, bool promise) {
+  const tier_settings& ts = *tier.settings;
+  const double target = std::chrono::duration<double>(ts.ttft).count();
+  const bool infeasible = idle > 0;
+  double max_wait = std::min(std::chrono::duration<double>(settings_.max_queue_wait).count(),
+                             std::chrono::duration<double>(ts.start_bound()).count());
+  const first_token_forecast own = forecast(ts.name, a.prompt_tokens, 0, true);
+  const bool over =
+      !infeasible && tier.offered.at(a.now_ns, observing_since_ns_) * uncached_share(ts.priority) * own.seconds_per_token > 1.0;
+  if (over) max_wait = std::min(max_wait, target);
+  if (max_wait <= 0 || own.seconds - idle <= max_wait) return std::nullopt;
+  return refuse_overloaded(ts, a, max_wait, promise, true, [&](int64_t hint) {
+    return over ? fmt::format("tier '{}' (not shed) offers more than the server's whole capacity at the moment, and the "
+                              "predicted time to first token, {:.1f} s, misses its target of {:.1f} s: refused now so that "
+                              "those admitted meet theirs; retry in {} ms",
+                              ts.name, own.seconds, target, hint)
+                : fmt::format("the predicted time to first token, {:.1f} s, is beyond the longest wait "
+                              "(start_within_ms or admission.max_queue_wait_ms, {:.1f} s) even for tier '{}', which is not "
+                              "shed: the server is over its capacity for this tier alone; retry in {} ms",
+                              own.seconds, max_wait, ts.name, hint);
+  });
 }
 
 std::optional<admission_decision> admission_control::refusal(const arrival& a) {

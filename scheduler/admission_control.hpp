@@ -171,6 +171,17 @@ class admission_control {
   };
 
   admission_decision decide(const arrival& a, bool promise = true);
+  // tireless: the arrival against its tier's forecast and degradation ladder; a refusal, or
+  // none with d filled in. hold_start_bound: a tier that is not shed, against its start bound
+  // (idle: an infeasible prompt's own prefill on an idle engine, else 0).
+  std::optional<admission_decision> judge_by_forecast(const arrival& a, tier_state& tier, admission_decision& d,
+                                                      bool promise);
+  std::optional<admission_decision> hold_start_bound(const arrival& a, const tier_state& tier, double idle, bool promise);
+  // Refused as overloaded, with the hint until `a` would be predicted within within_seconds
+  // and, when `reserve`, a reservation for its return; message(hint) says why.
+  template <class Message>
+  admission_decision refuse_overloaded(const tier_settings& ts, const arrival& a, double within_seconds, bool promise,
+                                       bool reserve, Message&& message);
   // The share of a new prompt of this engine priority the prefix cache is not expected to hold.
   double uncached_share(int32_t engine_priority) const;
   // predicted_ttft() with the pace of a prompt token at that priority.
