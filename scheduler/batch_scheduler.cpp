@@ -107,6 +107,15 @@ bool batch_scheduler::infeasible(const sequence& s, const step_time_budget& time
              static_cast<double>(s.spec.ttft_target_ns) * 1e-9;
 }
 
+bool batch_scheduler::prefill_at_stake(const sequence& s, const step_time_budget& time, int64_t now) const {
+  if (s.generated > 0 || s.computed == 0 || s.spec.ttft_target_ns <= 0 || time.seconds <= 0 || infeasible(s, time)) {
+    return false;
+  }
+  const double line = static_cast<double>(s.spec.arrival) + late_after_targets * static_cast<double>(s.spec.ttft_target_ns);
+  const double left = (static_cast<double>(s.tokens.size()) - s.computed) * time.per_prefill_token;
+  return static_cast<double>(now) + (2 * time.seconds + left) * 1e9 >= line;
+}
+
 std::vector<std::pair<int32_t, double>> batch_scheduler::decode_seconds_above(const step_time_budget& time) const {
   std::map<int32_t, double, std::greater<>> by_priority;
   for (const auto& [id, s] : seqs_) {
@@ -246,6 +255,44 @@ std::vector<batch_scheduler::prefill_pick> batch_scheduler::prefill_order(const 
   return out;
 }
 
+double batch_scheduler::prefill_pace(const step_time_budget& time, double decode_seconds) const {
+  return std::clamp((time.seconds - time.c0 - decode_seconds) / time.per_prefill_token,
+                    static_cast<double>(min_step_prefill_tokens), static_cast<double>(limits_.max_step_tokens));
+}
+
+bool batch_scheduler::stake_may_go_first(const draft& d, const step_time_budget& time, double decode_seconds,
+                                         int64_t now) const {
+  if (time.per_prefill_token <= 0) return false;
+  double stake = 0;
+  for (const std::vector<prefill_pick>& tier : d.prefills) {
+    for (const prefill_pick& p : tier) {
+      const sequence& s = *d.order[p.at];
+      if (prefill_at_stake(s, time, now)) stake += static_cast<double>(s.tokens.size()) - s.computed;
+    }
+  }
+  if (stake == 0) return false;
+  const double pace = prefill_pace(time, decode_seconds);
+  auto done_at = [&](double tokens) { return static_cast<double>(now) + std::ceil(tokens / pace) * time.seconds * 1e9; };
+  double ahead = 0;  // prompt tokens in line up to this one (its own included)
+  for (const std::vector<prefill_pick>& tier : d.prefills) {
+    for (const prefill_pick& p : tier) {
+      const sequence& s = *d.order[p.at];
+      if (prefill_at_stake(s, time, now)) continue;
+      ahead += static_cast<double>(s.tokens.size()) - s.computed;
+      if (s.generated > 0 || s.spec.ttft_target_ns <= 0) continue;
+      // An infeasible prompt (no deadline to make) by its own late line: twice its idle prefill.
+      const double due = p.due != no_deadline ? static_cast<double>(p.due)
+                                              : static_cast<double>(s.spec.arrival) +
+                                                    late_after_targets * 1e9 *
+                                                        idle_prefill_seconds(static_cast<int32_t>(s.spec.prompt.size()),
+                                                                             time, limits_.max_step_tokens);
+      // A step to spare: the pace is the budget's, and steps run longer or shorter.
+      if (done_at(ahead) <= due && done_at(ahead + stake) + time.seconds * 1e9 > due) return false;
+    }
+  }
+  return true;
+}
+
 batch_scheduler::step_shape batch_scheduler::shape_step(const std::vector<const sequence*>& order,
                                                         const std::vector<size_t>& placed,
                                                         const std::vector<std::vector<prefill_pick>>& prefills,
@@ -267,8 +314,7 @@ batch_scheduler::step_shape batch_scheduler::shape_step(const std::vector<const 
   // The prompts in line for prefill, the highest tier's first, each in its prefill order:
   // the first with a deadline that it would miss at the budget's pace, with the work ahead of
   // it, asks for a longer step, and its tier's prefill goes first.
-  const double pace = std::clamp((time.seconds - time.c0 - decode_seconds) / time.per_prefill_token,
-                                 static_cast<double>(min_step_prefill_tokens), static_cast<double>(limits_.max_step_tokens));
+  const double pace = prefill_pace(time, decode_seconds);
   // A step that takes prompt tokens up to `tokens` in line (a chunk at most, beside every
   // decode, a token to spare for rounding).
   auto step_through = [&](double tokens) {
@@ -350,7 +396,9 @@ std::vector<size_t> batch_scheduler::places_in_step(const std::vector<const sequ
   auto steps = [&](const sequence& s) {
     return !s.paused() && !refused(s) && static_cast<int32_t>(s.tokens.size()) > s.computed;
   };
-  auto must_run = [&](const sequence& s) { return is_decode(s) && s.next_token_due() <= skip_is_late_at; };
+  auto must_run = [&](const sequence& s) {
+    return is_decode(s) ? s.next_token_due() <= skip_is_late_at : prefill_at_stake(s, time, now);
+  };
   const auto places = static_cast<size_t>(std::max(limits_.max_step_seqs, 0));
   size_t kept = 0;  // places kept for the streams further down that must run
   for (const sequence* s : order) kept += steps(*s) && must_run(*s);
@@ -428,6 +476,27 @@ void batch_scheduler::fill_by_time(draft& d, const step_time_budget& time, int64
     const bool yields = k >= tiers[std::min(shape.prefill_first, n_tiers)];
     if (due <= skip_is_late || (yields && due == no_deadline)) place_decode(placed[k]);
   }
+  auto place_prefill = [&](size_t i) {
+    const sequence& s = *order[i];
+    const int32_t fit = time.per_prefill_token > 0 ? static_cast<int32_t>(left / time.per_prefill_token) : budget;
+    const int32_t n = std::min({static_cast<int32_t>(s.tokens.size()) - s.computed - tokens[i], budget,
+                                std::max(fit, prefill_floor)});
+    if (n <= 0) return;
+    tokens[i] += n;
+    budget -= n;
+    left -= n * time.per_prefill_token;
+    prefill_floor = std::max(prefill_floor - n, 0);
+  };
+  // Started prompts whose first token would otherwise be late (prefill_at_stake) go first,
+  // whatever their tier (their prefill was spent, and their tier promised the late line), when
+  // no prompt in line that would make its first-token deadline misses it behind them.
+  if (stake_may_go_first(d, time, decode_seconds, now)) {
+    for (const std::vector<prefill_pick>& tier : d.prefills) {
+      for (const prefill_pick& p : tier) {
+        if (budget > 0 && prefill_at_stake(*order[p.at], time, now)) place_prefill(p.at);
+      }
+    }
+  }
   auto place_decodes = [&](size_t t) {
     for (size_t k = tiers[t]; k < tiers[t + 1]; ++k) {
       const sequence& s = *order[placed[k]];
@@ -440,16 +509,7 @@ void batch_scheduler::fill_by_time(draft& d, const step_time_budget& time, int64
     if (t < shape.prefill_first) place_decodes(t);
     for (const prefill_pick& p : d.prefills[t]) {
       if (budget <= 0) break;
-      const size_t i = p.at;
-      const sequence& s = *order[i];
-      const int32_t fit = time.per_prefill_token > 0 ? static_cast<int32_t>(left / time.per_prefill_token) : budget;
-      const int32_t n = std::min({static_cast<int32_t>(s.tokens.size()) - s.computed, budget,
-                                  std::max(fit, prefill_floor)});
-      if (n <= 0) continue;
-      tokens[i] = n;
-      budget -= n;
-      left -= n * time.per_prefill_token;
-      prefill_floor = std::max(prefill_floor - n, 0);
+      place_prefill(p.at);
     }
   }
   // A prompt would miss its first-token deadline at the budget's pace: the decodes of its

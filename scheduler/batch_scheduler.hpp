@@ -191,6 +191,10 @@ class batch_scheduler {
   std::vector<const sequence*> keep_order() const;
   // Its prompt alone, on an idle engine by `time`'s model, cannot meet its first-token target.
   bool infeasible(const sequence& s, const step_time_budget& time) const;
+  // A started prompt (some of it computed) whose first token would come after its late line
+  // (late_after_targets times its target after arrival) if it skipped this step: its rest goes
+  // first in the step, ahead of the higher tiers' prompts, and it keeps its place in the step.
+  bool prefill_at_stake(const sequence& s, const step_time_budget& time, int64_t now) const;
   // Seconds of decoding each step carries for a prompt of each priority: the running decodes of
   // that priority and above (they step beside its prefill), highest priority first.
   std::vector<std::pair<int32_t, double>> decode_seconds_above(const step_time_budget& time) const;
@@ -231,6 +235,12 @@ class batch_scheduler {
     std::vector<std::vector<prefill_pick>> prefills;   // each tier's prefill_order()
     std::vector<int32_t> tokens;                       // what order[i] computes (0: not stepped)
   };
+  // Prompt tokens a step at the budget's pace takes beside decode_seconds of decodes.
+  double prefill_pace(const step_time_budget& time, double decode_seconds) const;
+  // Whether the started prompts at stake (prefill_at_stake) may go first in this step: no
+  // prompt in line (in prefill order) that would make its first-token deadline at the budget's
+  // pace misses it with their rest ahead of it.
+  bool stake_may_go_first(const draft& d, const step_time_budget& time, double decode_seconds, int64_t now) const;
   std::vector<size_t> places_in_step(const std::vector<const sequence*>& order, const step_time_budget& time,
                                      int64_t now) const;
   void fill_by_tokens(draft& d) const;

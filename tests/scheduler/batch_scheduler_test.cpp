@@ -416,6 +416,32 @@ TEST(batch_scheduler, a_prompt_further_back_in_line_that_would_miss_its_deadline
   EXPECT_LE(alone.run(fifty_ms_steps()).at(1), 450);
 }
 
+TEST(batch_scheduler, a_started_prompt_about_to_be_late_goes_ahead_of_higher_tier_prompts_with_time_to_spare) {
+  // At most 512 tokens a step (~445 at the budget's pace). A free prompt of 3,000 tokens
+  // (target 5 s: late after 10 s) that arrived 9 s ago gets a first chunk; then four premium
+  // prompts of 2,000 tokens arrive. Behind them (~18 steps, 900 ms) the free prompt's first
+  // token would come after its late line, a second away. Due in 3 s, they have time to spare:
+  // its rest (~6 steps) goes first once it would otherwise be late, and they still make their
+  // deadline. Due in 1 s they have none: they go first, and make it.
+  for (const int64_t premium_due_ms : {3000, 1000}) {
+    SCOPED_TRACE(premium_due_ms);
+    stepper s({.max_step_tokens = 512, .max_step_seqs = 32}, 4096);
+    for (int i = 0; i < 200; ++i) s.run(fifty_ms_steps());  // a clock past the free prompt's arrival
+    const int64_t late_line = s.now() - 9'000'000'000 + 10'000'000'000;
+    s.add(1, 0, 3000, 4, 5000, 200, 9000);
+    EXPECT_GT(s.run(fifty_ms_steps()).count(1), 0u) << "the free prompt did not start";
+    const int64_t premium_arrival = s.now();
+    for (seq_id id = 2; id < 6; ++id) s.add(id, 2, 2000, 4, premium_due_ms, 50);
+    for (int i = 0; i < 60; ++i) s.run(fifty_ms_steps());
+    for (seq_id id = 2; id < 6; ++id) {
+      ASSERT_FALSE(s.token_times(id).empty());
+      EXPECT_LE(s.token_times(id).front() - premium_arrival, premium_due_ms * 1'000'000) << "premium prompt " << id;
+    }
+    ASSERT_FALSE(s.token_times(1).empty());
+    if (premium_due_ms == 3000) EXPECT_LE(s.token_times(1).front(), late_line) << "the started free prompt was late";
+  }
+}
+
 TEST(batch_scheduler, a_prompt_of_a_tier_never_shed_that_missed_its_target_goes_by_its_late_line) {
   // All of one tier that is never refused after admission (no start_by), 300 tokens each
   // (~30 ms; a step takes ~445): request 1 arrived 600 ms ago (due at 500, late at 1000 ms,
