@@ -6,7 +6,7 @@
 set -euo pipefail
 bin=$(realpath "$1"); tag=$2
 cd "$(dirname "$0")/../.."
-for scen in stress/h200-oscillate h200-spike h200-trace-day h200-k2-expert-faults h200-ramp h200-k2-fleet; do
+for scen in h200-herd stress/h200-oscillate h200-spike h200-trace-day h200-k2-expert-faults h200-ramp h200-k2-fleet; do
   src=examples/load_driver/scenarios/$scen.toml
   dir=$(dirname $src)
   for seed in 11 22 33; do
