@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The short form of six scenarios under three seeds of their own (not the shipped ones), at
+# The short form of seven scenarios under three seeds of their own (not the shipped ones), at
 # 1-3x, tireless only, requests recorded: to compare two builds of the scheduler on traffic
 # neither was tuned on. Sum the outcomes with bench/seeds/sum.py TAG...
 #   bench/seeds/run.sh BINARY TAG      (BINARY: a tireless-load; results in /tmp/seeds/TAG)
