@@ -838,7 +838,9 @@ def test_long_document_is_split_when_refused_as_too_long(ctx):
     paragraphs = [f"Paragraph {i}. The lighthouse keeper counted {i} ships passing the northern cape that "
                   f"evening, and wrote each name in the log with care." * 12 for i in range(1, 40)]
     document = "\n\n".join(paragraphs)
-    client = tc.Client(ctx.url, api_key=PREMIUM)
+    # Each part is a long prefill on the CPU; beside another test on two cores one took past the
+    # client's default 120-s deadline (a read timed out): the deadline is this test's, not a bar.
+    client = tc.Client(ctx.url, api_key=PREMIUM, policy=tc.RetryPolicy(deadline_s=h.slack(400)))
     partial = []
     result = tc.process_long_document(client, document, on_partial=lambda i, text: partial.append(i),
                                       max_tokens=24, temperature=0)
