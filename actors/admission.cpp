@@ -257,7 +257,7 @@ caf::behavior admission(self_ptr self, std::shared_ptr<admission_gate> gate) {
 }  // namespace
 
 std::shared_ptr<admission_gate> make_admission_gate(const admission_options& o) {
-  return std::make_shared<admission_gate>(o.policy, o.settings, o.tiers, o.tenants, o.retry_reservations);
+  return std::make_shared<admission_gate>(o.policy, o.settings, o.tiers, o.tenants);
 }
 
 caf::actor spawn_admission(caf::actor_system& sys, std::shared_ptr<admission_gate> gate) {

@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "config/runtime_config.hpp"
-#include "scheduler/retry_book.hpp"
 
 namespace tireless {
 
@@ -35,7 +34,6 @@ struct admission_options {
   admission_settings settings;
   std::vector<tier_settings> tiers;
   std::vector<tenant_settings> tenants;
-  std::shared_ptr<retry_book> retry_reservations;  // shared with the engine; null: admission's own
 };
 
 // Messages:

@@ -125,7 +125,7 @@ caf::behavior engine(self_ptr self, engine_options o, caf::actor kv, caf::actor 
         note_mailbox(self->state.mailbox, self->mailbox().size());
         auto [spec, degradations] = sequence_of(msg.get());
         self->state.sessions[spec.id] = session;
-        self->state.core->add(std::move(spec), std::move(degradations), msg.get().getTenant());
+        self->state.core->add(std::move(spec), std::move(degradations));
         deliver(self);
         kick(self);
       },

@@ -1,6 +1,7 @@
 #include "actors/pipeline.hpp"
 
 #include "actors/messages.hpp"
+#include "scheduler/admission_gate.hpp"
 
 #include <algorithm>
 #include <thread>
@@ -13,7 +14,14 @@ pipeline spawn_pipeline(caf::actor_system& sys, const pipeline_options& o) {
   p.shard = spawn_shard_supervisor(sys, o.shard, o.shard_restarts);
   p.gate = make_admission_gate(o.admission);
   p.admission = spawn_admission(sys, p.gate);
-  p.engine = spawn_engine(sys, o.engine, p.kv, p.shard, p.admission);
+  engine_options eo = o.engine;
+  if (!eo.retry_after_late) {  // admission says when a request the engine refuses late should come back
+    eo.retry_after_late = [gate = p.gate](seq_id id, int64_t now_ns) {
+      auto lock = gate->lock();
+      return gate->control().retry_after_late_start(id, now_ns);
+    };
+  }
+  p.engine = spawn_engine(sys, std::move(eo), p.kv, p.shard, p.admission);
   caf::anon_send(p.admission, attach_atom::value, p.engine);
   return p;
 }
@@ -52,9 +60,6 @@ pipeline_options make_pipeline_options(const runtime_config& c, const resolved_l
   po.admission.settings = c.admission;
   po.admission.tiers = c.tiers;
   po.admission.tenants = c.tenants;
-  // One book of retry reservations: admission's refusals and the engine's late ones both reserve.
-  po.admission.retry_reservations = std::make_shared<retry_book>();
-  po.engine.retry_reservations = po.admission.retry_reservations;
   engine_options& eo = po.engine;
   eo.limits.max_step_tokens = c.engine.max_step_tokens;
   eo.limits.max_step_seqs = c.engine.max_step_seqs;

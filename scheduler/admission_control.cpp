@@ -94,7 +94,7 @@ double admission_control::predicted_ttft(const std::string& tier, int32_t prompt
 }
 
 first_token_forecast admission_control::forecast(const std::string& tier, int32_t prompt_tokens, double extra_tokens,
-                                                 bool own_work_only) const {
+                                                 bool own_work_only, double returns) const {
   if (!load_.measured()) return {};  // nothing measured yet: optimistic
   // Work ahead of the request: prompts waiting in the engine and those queued here, at its
   // tier or above (the engine places waiting requests in priority order, so a lower tier's
@@ -112,6 +112,7 @@ first_token_forecast admission_control::forecast(const std::string& tier, int32_
   w.priority = one_queue ? 0 : priority;  // the engine's priority of the request
   w.prompt_tokens = (extra_tokens + prompt_tokens) * uncached(w.priority);
   w.lower_tiers_yield = own_work_only;
+  w.returns = returns;
   for (const tier_load& t : load_.tiers) {
     if (t.priority < w.priority) continue;
     w.prompt_tokens += static_cast<double>(t.prompt_tokens);
@@ -189,11 +190,17 @@ bool admission_control::holds_reservation(const arrival& a) const {
 
 // How long a refused request should wait: until the work ahead of it, including the work
 // reserved for clients refused before it, would leave it within target. Its own work is
-// reserved too, until it comes back or its window passes.
+// reserved too, until it comes back or its window passes. A reservation counts as its prompt
+// and as a seat in the batch (work_ahead::returns): where seats are the bottleneck, prompt
+// tokens alone spread nothing (the CPU server with 8 seats under a free flood told its clients
+// ~8 s each and they came back together, to wait 16 s and be refused again). Counted also as
+// requests that join the decodes, returns made hints minutes long on the H200 sims and fewer
+// retries were served on time (bench/results/retry_seats_session14.txt).
 int64_t admission_control::retry_hint_ms(const tier_settings& tier, const arrival& a, double target_seconds,
                                          bool promise, uint64_t* token) {
   if (!promise) return 0;  // would_refuse asks: no hint is given, nothing promised
-  const double ttft = predicted_ttft(tier.name, a.prompt_tokens, book_->reserved_tokens(tier.priority, a.now_ns));
+  const retry_book::reserved_work returns = book_->reserved(tier.priority, a.now_ns);
+  const double ttft = forecast(tier.name, a.prompt_tokens, returns.prompt_tokens, false, returns.requests).seconds;
   const int64_t hint = std::max<int64_t>(ms_ceil(ttft - target_seconds), 100);
   if (token) *token = book_->reserve(a.tenant, tier.priority, a.prompt_tokens, a.now_ns, hint * 1'000'000);
   return hint;
@@ -607,6 +614,17 @@ std::vector<admission_control::late_request> admission_control::too_late_to_star
   }
   late_refusals_ += static_cast<int64_t>(out.size());
   return out;
+}
+
+std::optional<retry_promise> admission_control::retry_after_late_start(uint64_t id, int64_t now_ns) {
+  auto it = held_.find(id);
+  if (it == held_.end() || kind_ != admission_policy::tireless) return std::nullopt;
+  const queued_request& q = it->second.q;
+  const tier_settings& ts = *tier_of(q.tier).settings;
+  const arrival a{q.id, q.tenant, q.tier, q.prompt_tokens, q.max_tokens, now_ns};
+  retry_promise p;
+  p.retry_after_ms = retry_hint_ms(ts, a, std::chrono::duration<double>(ts.ttft).count(), true, &p.retry_token);
+  return p;
 }
 
 std::vector<std::pair<std::string, int32_t>> admission_control::queued_by_tier() const {

@@ -107,6 +107,10 @@ class admission_control {
     uint64_t retry_token = 0;    // its reservation for that time
   };
   std::vector<late_request> too_late_to_start(int64_t now_ns);
+  // A released request the engine refuses unstarted, past its start bound: when it should
+  // come back (the forecast of the work ahead now, that queued here and the returns reserved
+  // before it included) and the reservation for that return. Nothing when `id` is not held.
+  std::optional<retry_promise> retry_after_late_start(uint64_t id, int64_t now_ns);
   int64_t late_refusals() const { return late_refusals_; }
   void observe(const engine_load& load) { load_ = load; }
 
@@ -185,8 +189,9 @@ class admission_control {
   // The share of a new prompt of this engine priority the prefix cache is not expected to hold.
   double uncached_share(int32_t engine_priority) const;
   // predicted_ttft() with the pace of a prompt token at that priority.
+  // returns: clients due back before it (work_ahead::returns).
   first_token_forecast forecast(const std::string& tier, int32_t prompt_tokens, double extra_tokens,
-                                bool own_work_only) const;
+                                bool own_work_only, double returns = 0) const;
   std::optional<admission_decision> check_quotas(tenant_state& t, const arrival& a, int32_t max_tokens);
   // The wait until `a` would be predicted within target_seconds, and the reservation for its
   // return (its token in *token).

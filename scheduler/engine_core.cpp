@@ -26,12 +26,11 @@ engine_core::engine_core(engine_options o) : o_(std::move(o)), core_(o_.limits) 
   step_model_.seed({p.c0, p.per_prefill_token, p.per_decode_seq, p.per_thousand_context}, 8);
 }
 
-void engine_core::add(sequence_spec spec, std::vector<std::string> degradations, std::string tenant) {
+void engine_core::add(sequence_spec spec, std::vector<std::string> degradations) {
   ++received_by_priority_[spec.priority];
   const seq_id id = spec.id;
   request_info info;
   info.degradations = std::move(degradations);
-  info.tenant = std::move(tenant);
   info.priority = spec.priority;
   info.prompt_tokens = static_cast<int32_t>(spec.prompt.size());
   info.arrival_ns = static_cast<int64_t>(spec.arrival);
@@ -80,23 +79,25 @@ void engine_core::fail(seq_id id, const std::string& why) {
 }
 
 // Requests that waited past their start bound without starting: refused now, before any
-// prefill is spent on them, with the wait they had beyond their target as the retry hint.
+// prefill is spent on them. The retry hint and reservation are admission's (retry_after_late:
+// its forecast, staggered by the returns reserved before); without one, the wait they had
+// beyond their target (the CPU e2e under a free flood: ~8 s for every one refused together,
+// all of them back at once to be refused again).
 void engine_core::refuse_late(int64_t now) {
   for (seq_id id : core_.take_late(now, budget())) {
     auto it = requests_.find(id);
     if (it == requests_.end()) continue;
     const int64_t waited_ms = (now - it->second.arrival_ns) / 1'000'000;
-    const int64_t retry_ms = std::max<int64_t>(100, waited_ms - it->second.ttft_target_ms);
+    std::optional<retry_promise> retry;
+    if (o_.retry_after_late) retry = o_.retry_after_late(id, now);
+    if (!retry) retry = retry_promise{std::max<int64_t>(100, waited_ms - it->second.ttft_target_ms), 0};
     outcome o = rejected_outcome(id, reason::overloaded,
                                  fmt::format("admitted, but it waited {} ms for the engine and cannot start within its "
                                              "tier's bound (start_within_ms): refused before any work was spent on it; "
                                              "retry in {} ms",
-                                             waited_ms, retry_ms),
-                                 retry_ms);
-    if (o_.retry_reservations) {  // its return is reserved, as admission's refusals reserve theirs
-      o.retry_token = o_.retry_reservations->reserve(it->second.tenant, it->second.priority, it->second.prompt_tokens, now,
-                                             retry_ms * 1'000'000);
-    }
+                                             waited_ms, retry->retry_after_ms),
+                                 retry->retry_after_ms);
+    o.retry_token = retry->retry_token;
     end(id, std::move(o), 0);
     ++late_refusals_;
   }

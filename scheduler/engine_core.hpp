@@ -10,6 +10,7 @@
 //   credits()                            → admission
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,8 +35,11 @@ struct engine_options {
   // A step should take at most this long (the tightest tier's time per output token), so
   // prefill chunks are sized to fit beside the decodes; 0: only max_step_tokens limits them.
   double step_time_target_seconds = 0;
-  // Where a late refusal reserves its client's return (a retry token); null: no token.
-  std::shared_ptr<retry_book> retry_reservations;
+  // When a request refused past its start bound should come back, and the reservation of that
+  // return (a retry token): admission's answer, whose forecast sees its own queue, the higher
+  // tiers' arrivals and the returns reserved before. Unset, or no answer: the wait it had beyond
+  // its target, without a token.
+  std::function<std::optional<retry_promise>(seq_id id, int64_t now_ns)> retry_after_late;
   // Upper bounds of the step-time histogram (engine_stats::step_time_counts), ascending.
   std::vector<double> step_time_buckets_seconds{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5};
 };
@@ -79,8 +83,7 @@ class engine_core {
 
   // A request admission released; `degradations` go on its outcome. Fails at once when the
   // backend is lost.
-  // tenant: whose it is (a late refusal's retry reservation is for that tenant).
-  void add(sequence_spec spec, std::vector<std::string> degradations, std::string tenant = {});
+  void add(sequence_spec spec, std::vector<std::string> degradations);
   // The session ended it: nothing more is delivered for it. Its used tokens, for admission;
   // nothing when the engine did not hold it.
   std::optional<int32_t> cancel(seq_id id);
@@ -119,7 +122,6 @@ class engine_core {
  private:
   struct request_info {
     std::vector<std::string> degradations;
-    std::string tenant;
     int32_t priority = 0, prompt_tokens = 0;
     int64_t arrival_ns = 0;
     int64_t ttft_target_ms = 0;

@@ -55,6 +55,9 @@ struct work_ahead {
   int32_t priority = 0;
   double prompt_tokens = 0;  // to prefill before its first token, its own included
   double requests = 0;       // requests waiting ahead of it (they join the decodes as they start)
+  // Clients refused before it, due back before it (retry reservations): each will need a seat
+  // in the batch ahead of it, but they are not in the batch's decodes while it waits.
+  double returns = 0;
   // Whether the lower tiers' decodes yield to its prefill, costing it only one token per their
   // own TPOT (as the engine packs a step), and their running requests leave it room in the
   // batch: the view of a tier that is never shed, judged by its own work alone. Otherwise every

@@ -7,7 +7,7 @@
 //
 // Under overload a refusal is the common case (a thousand a second on one H200 with short
 // requests, each reservation held for seconds): every operation is logarithmic in the
-// reservations held, or constant (the tokens reserved are kept summed by priority).
+// reservations held, or constant (the work reserved is kept summed by priority).
 
 #include <algorithm>
 #include <cstdint>
@@ -22,6 +22,13 @@
 #include <vector>
 
 namespace tireless {
+
+// When a refused client should come back, and the token of the reservation for that return
+// (0: none).
+struct retry_promise {
+  int64_t retry_after_ms = 0;
+  uint64_t retry_token = 0;
+};
 
 class retry_book {
  public:
@@ -38,7 +45,9 @@ class retry_book {
     const int64_t expires = now_ns + hint_ns + std::max<int64_t>(3'000'000'000, hint_ns / 2);
     entries_[t] = {tenant, priority, prompt_tokens, now_ns + static_cast<int64_t>(0.95 * hint_ns), expires};
     by_expiry_.emplace(expires, t);
-    reserved_[priority] += prompt_tokens;
+    totals& sum = reserved_[priority];
+    sum.prompt_tokens += prompt_tokens;
+    ++sum.requests;
     return t;
   }
   // Whether `token` is good now for `tenant`; take() also uses it up.
@@ -53,14 +62,22 @@ class retry_book {
     erase(it);
     return true;
   }
-  // The prompt tokens reserved by tiers of `priority` and above (the returns still to come),
-  // for staggering hints.
-  double reserved_tokens(int32_t priority, int64_t now_ns) {
+  // The returns still to come of tiers of `priority` and above, for staggering hints: their
+  // prompt tokens (what they cost where prefill is the bottleneck) and how many (where the
+  // batch's seats are: each takes one for as long as a request takes).
+  struct reserved_work {
+    double prompt_tokens = 0;
+    double requests = 0;
+  };
+  reserved_work reserved(int32_t priority, int64_t now_ns) {
     std::lock_guard lock(mu_);
     expire(now_ns);
-    double n = 0;
-    for (auto it = reserved_.begin(); it != reserved_.end() && it->first >= priority; ++it) n += static_cast<double>(it->second);
-    return n;
+    reserved_work r;
+    for (auto it = reserved_.begin(); it != reserved_.end() && it->first >= priority; ++it) {
+      r.prompt_tokens += static_cast<double>(it->second.prompt_tokens);
+      r.requests += static_cast<double>(it->second.requests);
+    }
+    return r;
   }
 
  private:
@@ -80,7 +97,8 @@ class retry_book {
   }
   void erase(map::const_iterator it) {
     auto sum = reserved_.find(it->second.priority);
-    if ((sum->second -= it->second.prompt_tokens) == 0) reserved_.erase(sum);
+    sum->second.prompt_tokens -= it->second.prompt_tokens;
+    if (--sum->second.requests == 0) reserved_.erase(sum);
     entries_.erase(it);
   }
   // Reservations past their window, in the order they expire (one taken already is skipped).
@@ -102,7 +120,10 @@ class retry_book {
   map entries_;
   using expiry = std::pair<int64_t, uint64_t>;  // when, token
   std::priority_queue<expiry, std::vector<expiry>, std::greater<>> by_expiry_;
-  std::map<int32_t, int64_t, std::greater<>> reserved_;  // prompt tokens held, by priority, highest first
+  struct totals {
+    int64_t prompt_tokens = 0, requests = 0;
+  };
+  std::map<int32_t, totals, std::greater<>> reserved_;  // by priority, highest first
   uint64_t key_;
   uint64_t made_ = 0;
 };

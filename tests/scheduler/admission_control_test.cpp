@@ -637,3 +637,61 @@ TEST(admission_control, a_shed_requests_hint_waits_until_the_pressure_is_under_t
 
 }  // namespace
 }  // namespace tireless
+
+namespace tireless {
+namespace {
+
+// A batch with no seat free: 8 running of 8, one finishing a second. Short prompts cost
+// almost no prefill, so what holds a request back is the seats.
+engine_load full_batch() {
+  engine_load l = busy_engine(0);
+  l.max_step_seqs = 8;
+  tier_load running;
+  running.priority = 1000;
+  running.running = running.decodes = 8;
+  l.tiers = {running};
+  l.finished_per_second = 1;
+  return l;
+}
+
+TEST(admission_control, where_seats_are_the_bottleneck_each_return_promised_before_counts_as_a_request_ahead) {
+  const tier_settings free_tier = tier("free", 1, 500ms, true, {{0.85, degrade_action::shed, 0}});
+  admission_control c(admission_policy::tireless, {}, {free_tier}, {tenant("a", "free")});
+  c.observe(full_batch());
+  std::vector<int64_t> hints;
+  for (uint64_t id = 1; id <= 4; ++id) {
+    const admission_decision d = arrive(c, id, "a", "free", 0, 20, 100);
+    ASSERT_FALSE(d.admitted);
+    hints.push_back(d.retry_after_ms);
+  }
+  // Prompts of 20 tokens alone would spread them 20 ms apart: they would all come back together.
+  for (size_t k = 1; k < hints.size(); ++k) EXPECT_GE(hints[k] - hints[k - 1], 900) << "hint " << k;
+}
+
+TEST(admission_control, a_request_the_engine_refuses_late_is_told_when_by_the_forecast_and_its_return_is_reserved) {
+  const tier_settings free_tier = tier("free", 1, 500ms, true, {{0.85, degrade_action::shed, 0}});
+  admission_control c(admission_policy::tireless, {}, {free_tier}, {tenant("a", "free")});
+  c.observe(busy_engine(0));
+  ASSERT_TRUE(arrive(c, 1, "a", "free", 0, 20, 100).admitted);
+  ASSERT_TRUE(arrive(c, 2, "a", "free", 0, 20, 100).admitted);
+  while (c.next()) {
+  }
+  // Released; the engine fills up and then refuses both unstarted.
+  c.observe(full_batch());
+  const int64_t now = 10 * second;
+  const std::optional<retry_promise> one = c.retry_after_late_start(1, now);
+  const std::optional<retry_promise> two = c.retry_after_late_start(2, now);
+  ASSERT_TRUE(one && two);
+  EXPECT_GT(one->retry_after_ms, 100);
+  EXPECT_GE(two->retry_after_ms - one->retry_after_ms, 900) << "the first one's return is ahead of the second";
+  ASSERT_NE(one->retry_token, 0u);
+  EXPECT_FALSE(c.retry_after_late_start(99, now).has_value()) << "not held here: nothing to say";
+  // Back at its time with its token, the client is not shed again although the batch is full.
+  EXPECT_FALSE(arrive(c, 3, "a", "free", now + one->retry_after_ms * 1'000'000, 20, 100).admitted);
+  arrival back{4, "a", "free", 20, 100, now + one->retry_after_ms * 1'000'000};
+  back.retry_token = one->retry_token;
+  EXPECT_TRUE(c.arrive(back).admitted);
+}
+
+}  // namespace
+}  // namespace tireless

@@ -30,7 +30,7 @@ class engine_loop {
     s.token_window = token_window;
     s.ttft_target_ns = ttft_ms * 1'000'000;
     if (start_within_ms > 0) s.start_by = now_ + start_within_ms * 1'000'000;
-    core_.add(std::move(s), std::move(degradations), "t" + std::to_string(id));
+    core_.add(std::move(s), std::move(degradations));
     collect();
   }
 
@@ -246,24 +246,31 @@ TEST(engine_core, a_request_past_its_start_bound_is_refused_before_any_prefill_w
   EXPECT_EQ(e.tokens(1), 0);
   EXPECT_EQ(e.used(1), 0);
   EXPECT_EQ(e.core().stats().late_refusals, 1);
-  EXPECT_EQ(o.retry_token, 0u) << "no book of reservations: no token";
+  EXPECT_EQ(o.retry_token, 0u) << "nobody to reserve its return: no token";
 }
 
-TEST(engine_core, a_late_refusal_reserves_its_clients_return_in_the_shared_book) {
+TEST(engine_core, a_late_refusal_takes_its_retry_hint_and_token_from_whoever_forecasts_the_return) {
   engine_options opts = small_engine();
-  opts.retry_reservations = std::make_shared<retry_book>();
+  std::vector<std::pair<seq_id, int64_t>> asked;
+  opts.retry_after_late = [&](seq_id id, int64_t now_ns) -> std::optional<retry_promise> {
+    asked.emplace_back(id, now_ns);
+    if (id == 2) return std::nullopt;  // not known there: the engine's own hint, no token
+    return retry_promise{1234, 77};
+  };
   engine_loop e(opts);
   e.add(1, 10, 5, /*ttft_ms=*/100, /*start_within_ms=*/200);
+  e.add(2, 10, 5, /*ttft_ms=*/100, /*start_within_ms=*/200);
   e.wait(500);
   EXPECT_FALSE(e.step());
-  const outcome& o = e.outcomes().at(1);
-  ASSERT_NE(o.retry_token, 0u);
-  // The tenant, back at its time (400 ms after the refusal), holds it once; not before.
-  const int64_t refused_at = 1'000'000'000 + 500'000'000;
-  EXPECT_FALSE(opts.retry_reservations->held(o.retry_token, "t1", refused_at + 100'000'000));
-  EXPECT_FALSE(opts.retry_reservations->held(o.retry_token, "someone-else", refused_at + 400'000'000));
-  EXPECT_TRUE(opts.retry_reservations->take(o.retry_token, "t1", refused_at + 400'000'000));
-  EXPECT_FALSE(opts.retry_reservations->take(o.retry_token, "t1", refused_at + 400'000'000));
+  ASSERT_EQ(asked.size(), 2u);
+  for (const auto& [id, at] : asked) EXPECT_EQ(at, 1'000'000'000 + 500'000'000) << "asked at the refusal, id " << id;
+  const outcome& one = e.outcomes().at(1);
+  EXPECT_EQ(one.retry_after_ms, 1234);
+  EXPECT_EQ(one.retry_token, 77u);
+  EXPECT_NE(one.message.find("retry in 1234 ms"), std::string::npos) << one.message;
+  const outcome& two = e.outcomes().at(2);
+  EXPECT_EQ(two.retry_after_ms, 400);
+  EXPECT_EQ(two.retry_token, 0u);
 }
 
 TEST(engine_core, a_request_waiting_for_blocks_that_paused_streams_hold_is_refused_at_its_start_bound_with_no_event) {
