@@ -15,12 +15,10 @@ pipeline spawn_pipeline(caf::actor_system& sys, const pipeline_options& o) {
   p.gate = make_admission_gate(o.admission);
   p.admission = spawn_admission(sys, p.gate);
   engine_options eo = o.engine;
-  if (!eo.retry_after_late) {  // admission says when a request the engine refuses late should come back
-    eo.retry_after_late = [gate = p.gate](seq_id id, int64_t now_ns) {
-      auto lock = gate->lock();
-      return gate->control().retry_after_late_start(id, now_ns);
-    };
-  }
+  eo.retry_after_late = [gate = p.gate](seq_id id, int64_t now_ns) {  // admission says when to come back
+    auto lock = gate->lock();
+    return gate->control().retry_after_late_start(id, now_ns);
+  };
   p.engine = spawn_engine(sys, std::move(eo), p.kv, p.shard, p.admission);
   caf::anon_send(p.admission, attach_atom::value, p.engine);
   return p;

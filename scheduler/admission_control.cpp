@@ -608,9 +608,9 @@ std::vector<admission_control::late_request> admission_control::too_late_to_star
   }
   for (late_request& l : out) {
     cancel(l.q.id, now_ns);  // first: its own prompt is no longer ahead of anyone
-    const tier_settings& ts = *tier_of(l.q.tier).settings;
-    const arrival a{l.q.id, l.q.tenant, l.q.tier, l.q.prompt_tokens, l.q.max_tokens, now_ns};
-    l.retry_after_ms = retry_hint_ms(ts, a, std::chrono::duration<double>(ts.ttft).count(), true, &l.retry_token);
+    const retry_promise p = promise_return(l.q, now_ns);
+    l.retry_after_ms = p.retry_after_ms;
+    l.retry_token = p.retry_token;
   }
   late_refusals_ += static_cast<int64_t>(out.size());
   return out;
@@ -619,7 +619,11 @@ std::vector<admission_control::late_request> admission_control::too_late_to_star
 std::optional<retry_promise> admission_control::retry_after_late_start(uint64_t id, int64_t now_ns) {
   auto it = held_.find(id);
   if (it == held_.end() || kind_ != admission_policy::tireless) return std::nullopt;
-  const queued_request& q = it->second.q;
+  return promise_return(it->second.q, now_ns);
+}
+
+// An admitted request refused unstarted: back when a request like it would meet its target.
+retry_promise admission_control::promise_return(const queued_request& q, int64_t now_ns) {
   const tier_settings& ts = *tier_of(q.tier).settings;
   const arrival a{q.id, q.tenant, q.tier, q.prompt_tokens, q.max_tokens, now_ns};
   retry_promise p;

@@ -197,6 +197,7 @@ class admission_control {
   // return (its token in *token).
   int64_t retry_hint_ms(const tier_settings& tier, const arrival& a, double target_seconds, bool promise,
                         uint64_t* token = nullptr);
+  retry_promise promise_return(const queued_request& q, int64_t now_ns);
   tenant_state& tenant_of(const std::string& name);
   std::optional<queued_request> next_in_tier(tier_state& t);
   void dequeue(const holding& h);

@@ -45,7 +45,7 @@ class retry_book {
     const int64_t expires = now_ns + hint_ns + std::max<int64_t>(3'000'000'000, hint_ns / 2);
     entries_[t] = {tenant, priority, prompt_tokens, now_ns + static_cast<int64_t>(0.95 * hint_ns), expires};
     by_expiry_.emplace(expires, t);
-    totals& sum = reserved_[priority];
+    reserved_work& sum = reserved_[priority];
     sum.prompt_tokens += prompt_tokens;
     ++sum.requests;
     return t;
@@ -74,8 +74,8 @@ class retry_book {
     expire(now_ns);
     reserved_work r;
     for (auto it = reserved_.begin(); it != reserved_.end() && it->first >= priority; ++it) {
-      r.prompt_tokens += static_cast<double>(it->second.prompt_tokens);
-      r.requests += static_cast<double>(it->second.requests);
+      r.prompt_tokens += it->second.prompt_tokens;
+      r.requests += it->second.requests;
     }
     return r;
   }
@@ -120,10 +120,7 @@ class retry_book {
   map entries_;
   using expiry = std::pair<int64_t, uint64_t>;  // when, token
   std::priority_queue<expiry, std::vector<expiry>, std::greater<>> by_expiry_;
-  struct totals {
-    int64_t prompt_tokens = 0, requests = 0;
-  };
-  std::map<int32_t, totals, std::greater<>> reserved_;  // by priority, highest first
+  std::map<int32_t, reserved_work, std::greater<>> reserved_;  // by priority, highest first (sums of integers)
   uint64_t key_;
   uint64_t made_ = 0;
 };
