@@ -210,7 +210,7 @@ caf::behavior admission(self_ptr self, std::shared_ptr<admission_gate> gate) {
         const engine_credits c = from_wire(m.get());
         st.engine_room.update(c);
         auto lock = st.gate->lock();
-        st.control().observe(c.load);
+        st.control().observe(c);
         release(self);
       },
       [=](tick_atom) {

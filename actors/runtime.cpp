@@ -18,6 +18,7 @@
 #include "config/resolved_limits.hpp"
 #include "gpu/cpu/cpu_backend.hpp"
 #include "gpu/cuda/cuda_backend.hpp"
+#include "gpu/step_probe.hpp"
 #include "actors/sim_config.hpp"
 #include "model/model.hpp"
 
@@ -29,6 +30,7 @@ struct runtime::impl {
   std::shared_ptr<const model> lm;
   std::shared_ptr<backend> be;
   std::unique_ptr<expert_exchange> experts;  // MoE experts on expert shards, when configured
+  std::string probed;                       // how the step-cost probe scaled the prior ("": not probed)
   caf::actor_system* sys = nullptr;         // owned by `owner`, on its thread
   std::unique_ptr<system_owner> owner;
   pipeline actors;
@@ -142,7 +144,16 @@ std::unique_ptr<runtime> runtime::start(const runtime_config& config) {
         m->sys = &sys;
         try {
           m->be = make_backend(*m);
-          const pipeline_options po = make_pipeline_options(m->cfg, m->lim, m->be);
+          pipeline_options po = make_pipeline_options(m->cfg, m->lim, m->be);
+          // The CPU's step costs measured before serving (gpu/step_probe.hpp). Not where experts
+          // are on shards (a step would reach them before they serve) or on a GPU (never run).
+          if (chosen_kind(m->cfg.backend) == backend_kind::cpu && !m->experts) {
+            const step_cost_prior prior = po.engine.step_prior;
+            po.engine.step_prior = probe_step_cost(*m->be, m->cfg.engine.max_step_seqs);
+            m->probed = fmt::format("steps {:.2f}x (prefill) and {:.2f}x (decode) the prior's",
+                                    po.engine.step_prior.per_prefill_token / prior.per_prefill_token,
+                                    po.engine.step_prior.per_decode_seq / prior.per_decode_seq);
+          }
           m->actors = spawn_pipeline(sys, po);
           m->entry = std::make_unique<intake>(sys, m->cfg, m->lim, m->lm, m->actors, door_capacity(m->cfg, po));
         } catch (...) {
@@ -158,8 +169,9 @@ runtime::~runtime() {
 }
 
 std::string runtime::describe() const {
-  return fmt::format("{} on {}, {} KV blocks of {} tokens", impl_->lm ? impl_->lm->config().name : "sim model",
-                     impl_->be->describe(), impl_->be->kv().n_blocks, impl_->be->kv().block_size);
+  return fmt::format("{} on {}, {} KV blocks of {} tokens{}", impl_->lm ? impl_->lm->config().name : "sim model",
+                     impl_->be->describe(), impl_->be->kv().n_blocks, impl_->be->kv().block_size,
+                     impl_->probed.empty() ? "" : ", " + impl_->probed);
 }
 
 runtime::prompt_limit runtime::max_prompt() const {

@@ -109,7 +109,7 @@ first_token_forecast admission_control::forecast(const std::string& tier, int32_
   // hold: their tier's share of it lately.
   auto uncached = [&](int32_t p) { return uncached_share(p); };
   work_ahead w;
-  w.priority = one_queue ? 0 : priority;  // the engine's priority of the request
+  w.priority = engine_priority(*own.settings);
   w.prompt_tokens = (extra_tokens + prompt_tokens) * uncached(w.priority);
   w.lower_tiers_yield = own_work_only;
   w.returns = returns;
@@ -118,6 +118,7 @@ first_token_forecast admission_control::forecast(const std::string& tier, int32_
     w.prompt_tokens += static_cast<double>(t.prompt_tokens);
     if (t.priority > w.priority || infeasible) w.prompt_tokens += static_cast<double>(t.later_tokens);
     w.requests += t.waiting;
+    if (t.priority > w.priority) w.seats_above += t.running + t.waiting;
   }
   for (const tier_state& t : tier_states_) {
     if (!one_queue && t.settings->priority < priority) continue;
@@ -125,7 +126,20 @@ first_token_forecast admission_control::forecast(const std::string& tier, int32_
     if (!one_queue && t.settings->priority == priority && !infeasible) queued -= static_cast<double>(t.queued_later_tokens);
     w.prompt_tokens += queued * uncached(one_queue ? 0 : t.settings->priority);
     w.requests += t.queued;
+    if (engine_priority(*t.settings) > w.priority) w.seats_above += t.queued;
   }
+  // Requests released to the engine and not received there yet (its load does not show them,
+  // as under a flood during a fresh engine's first step) take seats ahead too.
+  if (counts_received_) {
+    for (const auto& [p, n] : sent_) {
+      if (p < w.priority) continue;
+      auto r = received_.find(p);
+      const auto on_their_way = static_cast<double>(std::max<int64_t>(0, n - (r == received_.end() ? 0 : r->second)));
+      w.requests += on_their_way;
+      if (p > w.priority) w.seats_above += on_their_way;
+    }
+  }
+  w.seat_seconds = seat_seconds();
   first_token_forecast f = forecast_first_token(load_, w);
   // Higher tiers' work that arrives during the wait goes ahead of it too (and, for an
   // infeasible prompt, its own tier's, which is prefilled before it): with ρ the share of the
@@ -145,6 +159,25 @@ first_token_forecast admission_control::forecast(const std::string& tier, int32_
     f.seconds /= std::max(1.0 - rho, 0.05);
   }
   return f;
+}
+
+// Before the first completion there is no rate of seats freeing to read (a fresh engine whose
+// batch filled at once): a request is expected to hold its seat for the tokens the requests
+// held here may generate, at the pace of a full batch's decode steps.
+double admission_control::seat_seconds() const {
+  if (load_.finished_per_second > 0 || !load_.measured()) return 0;
+  if (held_.empty()) return 0;
+  const double requests = static_cast<double>(held_.size());
+  const auto& k = load_.step_model;
+  const double seats = std::max(load_.max_step_seqs, 1), generated = static_cast<double>(held_max_tokens_) / requests;
+  const double context = static_cast<double>(held_prompt_tokens_) / requests + generated / 2;
+  const double step = std::max(k[0], 0.0) + seats * (std::max(k[2], 0.0) + context * std::max(k[3], 0.0) / 1000.0);
+  return generated * step * std::clamp(load_.step_residual, 0.25, 4.0);
+}
+
+// fcfs and least-slack keep one queue in the engine: every request at priority 0.
+int32_t admission_control::engine_priority(const tier_settings& tier) const {
+  return kind_ == admission_policy::fcfs || kind_ == admission_policy::least_slack ? 0 : tier.priority;
 }
 
 double admission_control::uncached_share(int32_t engine_priority) const {
@@ -256,7 +289,7 @@ admission_decision admission_control::decide(const arrival& a, bool promise) {
   admission_decision d;
   d.admitted = true;
   d.max_tokens = a.max_tokens;
-  d.priority = kind_ == admission_policy::fcfs || kind_ == admission_policy::least_slack ? 0 : ts.priority;
+  d.priority = engine_priority(ts);
   tenant_state& tenant = tenant_of(a.tenant);
   if (kind_ == admission_policy::least_slack) {  // deadlines, and nothing refused
     d.ttft_target = ts.ttft;
@@ -424,8 +457,23 @@ admission_decision admission_control::arrive(const arrival& a) {
   if (h.later) tier.queued_later_tokens += a.prompt_tokens;
   tier.arriving.add(a.prompt_tokens, a.now_ns);
   if (tier.generated_mean >= 0) tier.arriving_decodes.add(std::min<double>(d.max_tokens, tier.generated_mean), a.now_ns);
+  held_prompt_tokens_ += a.prompt_tokens;
+  held_max_tokens_ += d.max_tokens;
   held_.emplace(a.id, std::move(h));
   return d;
+}
+
+queued_request admission_control::release(holding& h) {
+  h.queued = false;
+  dequeue(h);
+  ++sent_[engine_priority(*tier_of(h.q.tier).settings)];
+  return h.q;
+}
+
+void admission_control::observe(const engine_credits& credits) {
+  load_ = credits.load;
+  received_ = credits.received_by_priority;
+  counts_received_ = true;
 }
 
 void admission_control::dequeue(const holding& h) {
@@ -453,9 +501,7 @@ std::optional<queued_request> admission_control::next_in_tier(tier_state& t) {
       t.fifo.pop_front();
       auto it = held_.find(id);
       if (it == held_.end() || !it->second.queued) continue;
-      it->second.queued = false;
-      dequeue(it->second);
-      return it->second.q;
+      return release(it->second);
     }
     return std::nullopt;
   }
@@ -485,13 +531,11 @@ std::optional<queued_request> admission_control::next_in_tier(tier_state& t) {
       tq.deficit -= cost;
       tq.ids.erase(tq.ids.begin() + static_cast<std::ptrdiff_t>(pick));
       tq.arrivals.erase(tq.arrivals.begin() + static_cast<std::ptrdiff_t>(pick));
-      h.queued = false;
-      dequeue(h);
       if (tq.ids.empty()) {
         tq.deficit = 0;
         t.rotation.pop_front();
       }
-      return h.q;
+      return release(h);
     }
     tq.deficit += drr_quantum_tokens * tq.weight;
     t.rotation.push_back(t.rotation.front());
@@ -527,9 +571,7 @@ std::optional<queued_request> admission_control::next(int64_t now_ns) {
       arrivals_.pop_front();
       auto it = held_.find(id);
       if (it == held_.end() || !it->second.queued) continue;
-      it->second.queued = false;
-      dequeue(it->second);
-      return it->second.q;
+      return release(it->second);
     }
     return std::nullopt;
   }
@@ -577,6 +619,8 @@ void admission_control::finished(uint64_t id, int32_t used_tokens, int64_t now_n
     --t->second.concurrent;
     if (h.reserved > used_tokens) t->second.tokens.give_back(h.reserved - used_tokens, now_ns);
   }
+  held_prompt_tokens_ -= h.q.prompt_tokens;
+  held_max_tokens_ -= h.q.max_tokens;
   if (!h.queued && used_tokens > h.q.prompt_tokens) {  // it ran: what it generated
     double& mean = tier_of(h.q.tier).generated_mean;
     const double generated = used_tokens - h.q.prompt_tokens;

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "config/runtime_config.hpp"
+#include "scheduler/engine_credits.hpp"
 #include "scheduler/engine_load.hpp"
 #include "scheduler/moving_rate.hpp"
 #include "scheduler/retry_book.hpp"
@@ -113,6 +114,9 @@ class admission_control {
   std::optional<retry_promise> retry_after_late_start(uint64_t id, int64_t now_ns);
   int64_t late_refusals() const { return late_refusals_; }
   void observe(const engine_load& load) { load_ = load; }
+  // The engine's credits: its load, and which of the requests released to it it had received
+  // (those on their way take seats ahead too).
+  void observe(const engine_credits& credits);
 
   // Predicted seconds from arrival to the first token of a request of this tier and prompt,
   // with extra_tokens more prompt work ahead of it. own_work_only: only the work at its tier
@@ -201,6 +205,11 @@ class admission_control {
   tenant_state& tenant_of(const std::string& name);
   std::optional<queued_request> next_in_tier(tier_state& t);
   void dequeue(const holding& h);
+  queued_request release(holding& h);  // to the engine: no longer queued here
+  int32_t engine_priority(const tier_settings& tier) const;  // the priority the engine runs its requests at
+  // How long a request holds its seat in the batch, expected, while no completion was measured
+  // (work_ahead::seat_seconds); 0 once one was.
+  double seat_seconds() const;
   tier_state& tier_of(const std::string& name);
   const tier_state& tier_of(const std::string& name) const;
   double service_seconds() const;
@@ -221,6 +230,12 @@ class admission_control {
   std::shared_ptr<retry_book> book_;
   bool holds_reservation(const arrival& a) const;
   engine_load load_;
+  // Requests released by engine priority, ever, and those the engine said it received; the
+  // difference is on its way (counted once the engine's credits were observed).
+  std::map<int32_t, int64_t> sent_, received_;
+  bool counts_received_ = false;
+  // Of the requests held (queued or released): their prompts and the tokens they may generate.
+  int64_t held_prompt_tokens_ = 0, held_max_tokens_ = 0;
   int64_t late_refusals_ = 0;
   int64_t now_ns_ = 0;  // of the latest arrival
   int64_t observing_since_ns_ = -1;  // the first arrival: the moving rates are read from then

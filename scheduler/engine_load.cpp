@@ -68,7 +68,11 @@ first_token_forecast forecast_first_token(const engine_load& l, const work_ahead
   f.decode_share = step > 0 ? std::min(decode_seconds / step, 1.0) : 0.0;
   // No room in the batch: it also waits for requests to finish.
   const double excess = (w.lower_tiers_yield ? running_here : l.running()) + w.requests + w.returns + 1.0 - max_seqs;
-  if (excess > 0 && l.finished_per_second > 0) f.seconds += excess / l.finished_per_second;
+  if (excess > 0 && l.finished_per_second > 0) {
+    f.seconds += excess / l.finished_per_second;
+  } else if (excess > 0) {
+    f.seconds += std::ceil(excess / std::max(1.0, max_seqs - w.seats_above)) * w.seat_seconds;
+  }
   return f;
 }
 

@@ -58,6 +58,13 @@ struct work_ahead {
   // Clients refused before it, due back before it (retry reservations): each will need a seat
   // in the batch ahead of it, but they are not in the batch's decodes while it waits.
   double returns = 0;
+  // How long a request holds its seat, expected, for use while no completion was measured
+  // (engine_load::finished_per_second is 0: a fresh engine, whose batch filled at once): its
+  // seats then free together, a whole batch every seat_seconds. 0: not known.
+  double seat_seconds = 0;
+  // Requests of higher tiers held now (running, waiting, queued, on their way): their tiers
+  // keep arriving and take back as many seats of every batch that frees (read with seat_seconds).
+  double seats_above = 0;
   // Whether the lower tiers' decodes yield to its prefill, costing it only one token per their
   // own TPOT (as the engine packs a step), and their running requests leave it room in the
   // batch: the view of a tier that is never shed, judged by its own work alone. Otherwise every

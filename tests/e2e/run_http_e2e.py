@@ -921,6 +921,58 @@ def test_python_client_retries_are_honest_on_a_shedding_tier(ctx):
     check(share >= 0.9, f"{share:.0%} of the retries that waited retry_after were admitted (bar: 90%)")
 
 
+def test_a_flood_on_a_cold_server_is_refused_at_arrival_not_after_waiting(ctx):
+    """A fresh server (nothing has finished yet) gets more free requests at once than its batch
+    has seats: those it cannot start within the free tier's target are refused at arrival with a
+    retry hint; few are admitted only to be refused at the start bound after waiting for it."""
+    if h.SANITIZED:
+        ctx.notes.append("skipped under sanitizers (the shipped latency targets need full speed)")
+        return
+    seats, clients = 8, 40
+    server = h.Server(ctx.args.server, ctx.args.config, ctx.workdir, name="cold", http=True, tier_scale=None,
+                      overrides={("engine", "max_step_seqs"): seats},
+                      edit=lambda t: t.replace("[[tenants]]", FLOOD_TENANT.lstrip() + "\n[[tenants]]", 1))
+    results, lock, go = [], threading.Lock(), threading.Barrier(clients)
+
+    def client(i):
+        go.wait()
+        start = time.monotonic()
+        r = requests.post(server.base_url + "/v1/chat/completions", headers={"Authorization": "Bearer sk-flood-test"},
+                          json={"messages": [{"role": "user", "content": f"Write a long story about ship number {i}."}],
+                                "max_tokens": 200, "stream": True}, stream=True, timeout=h.slack(120))
+        first = None
+        if r.status_code == 200:
+            for line in r.iter_lines():
+                if line.startswith(b"data:") and b'"content"' in line and first is None:
+                    first = time.monotonic() - start
+            kind, message = "served", ""
+        else:
+            message = r.json()["error"]["message"]
+            kind = "late" if message.startswith("admitted, but") else "refused"
+        with lock:
+            results.append((kind, time.monotonic() - start, first, message))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(h.slack(180))
+    finally:
+        server.stop()
+    count = {k: sum(1 for r in results if r[0] == k) for k in ("served", "refused", "late")}
+    firsts = sorted(r[2] for r in results if r[0] == "served" and r[2] is not None)
+    late_waits = sorted(r[1] for r in results if r[0] == "late")
+    ctx.notes.append(f"{clients} free requests at once on a cold server with {seats} seats: {count}; first token "
+                     f"p50 {firsts[len(firsts) // 2] if firsts else 0:.1f} s, max {firsts[-1] if firsts else 0:.1f} s; "
+                     f"refused after waiting {', '.join(f'{w:.1f}' for w in late_waits) or 'none'} s")
+    check(len(results) == clients, f"{clients - len(results)} requests had no outcome")
+    check(count["served"] >= seats, f"only {count['served']} served: the batch's seats were not used")
+    check(count["refused"] > 0, "nothing refused at arrival: the flood did not exceed what the tier promises")
+    check(count["late"] <= 2, f"{count['late']} requests were admitted and then refused after waiting "
+                              f"({', '.join(f'{w:.1f}' for w in late_waits)} s): refusal at arrival is the normal path")
+
+
 TESTS = [
     test_models_health_ready,
     test_chat_completion,
@@ -943,6 +995,7 @@ TESTS = [
     test_python_client_total_deadline_bounds_retries,
     test_long_document_is_split_when_refused_as_too_long,
     test_python_client_retries_are_honest_on_a_shedding_tier,
+    test_a_flood_on_a_cold_server_is_refused_at_arrival_not_after_waiting,
     test_metrics_speak_prometheus_and_the_inference_gateway_protocol,
     test_a_real_prometheus_sees_the_values_move_under_load,
     test_ready_turns_503_on_sigterm_and_streams_end,

@@ -695,3 +695,75 @@ TEST(admission_control, a_request_the_engine_refuses_late_is_told_when_by_the_fo
 
 }  // namespace
 }  // namespace tireless
+
+namespace tireless {
+namespace {
+
+// A fresh engine: its step model known (the prior), 8 seats, nothing reported running and no
+// completion measured yet. A full batch's decode step takes 10 + 8 x 5 ms = 50 ms, so a
+// request of 100 tokens holds its seat ~5 s.
+engine_load fresh_engine() {
+  engine_load l;
+  l.step_model = {0.010, 0.001, 0.005, 0.0};
+  l.step_observations = 100;
+  l.max_step_tokens = 512;
+  l.max_step_seqs = 8;
+  return l;
+}
+
+TEST(admission_control, a_flood_on_a_fresh_engine_is_refused_at_arrival_once_its_seats_are_taken) {
+  const tier_settings free_tier = tier("free", 1, 2000ms, true, {{0.85, degrade_action::shed, 0}});
+  admission_control c(admission_policy::tireless, {}, {free_tier}, {tenant("a", "free")});
+  engine_credits credits;
+  credits.load = fresh_engine();
+  c.observe(credits);
+  // A first batch is admitted, released to the engine, received there and ends: its seats are
+  // free again.
+  for (uint64_t id = 101; id <= 108; ++id) ASSERT_TRUE(arrive(c, id, "a", "free", 0, 20, 100).admitted) << id;
+  while (c.next()) {
+  }
+  for (uint64_t id = 101; id <= 108; ++id) c.finished(id, 120, 0);
+  credits.received_by_priority[1] = 8;
+  c.observe(credits);
+  // The next batch is admitted and released to the engine, which has not received it yet.
+  for (uint64_t id = 1; id <= 8; ++id) {
+    ASSERT_TRUE(arrive(c, id, "a", "free", 0, 20, 100).admitted) << id << ": the requests that ended still count";
+  }
+  while (c.next()) {
+  }
+  // The ninth would wait for a seat, ~5 s, against 2 s: refused now, not after waiting.
+  std::vector<int64_t> hints;
+  for (uint64_t id = 9; id <= 24; ++id) {
+    const admission_decision d = arrive(c, id, "a", "free", 0, 20, 100);
+    ASSERT_FALSE(d.admitted) << id;
+    EXPECT_GE(d.retry_after_ms, 2500) << id;
+    hints.push_back(d.retry_after_ms);
+  }
+  // Their returns are reserved: the second batch of them is told a whole batch's time later.
+  EXPECT_GE(hints[8] - hints[0], 4000);
+}
+
+// A higher tier that keeps a few requests in the batch takes its seats back as each batch
+// frees: a lower tier's flood gets only the rest of every batch.
+TEST(admission_control, on_a_fresh_engine_a_higher_tiers_requests_keep_their_seats_in_every_batch) {
+  const std::vector<tier_settings> tiers = {tier("gold", 2, 60s, false),
+                                            tier("free", 1, 2000ms, true, {{0.85, degrade_action::shed, 0}})};
+  admission_control c(admission_policy::tireless, {}, tiers, {tenant("g", "gold"), tenant("a", "free")});
+  engine_credits credits;
+  credits.load = fresh_engine();
+  c.observe(credits);
+  for (uint64_t id = 1; id <= 3; ++id) ASSERT_TRUE(arrive(c, id, "g", "gold", 0, 20, 100).admitted);
+  for (uint64_t id = 4; id <= 8; ++id) ASSERT_TRUE(arrive(c, id, "a", "free", 0, 20, 100).admitted) << id;
+  std::vector<int64_t> hints;
+  for (uint64_t id = 9; id <= 19; ++id) {
+    const admission_decision d = arrive(c, id, "a", "free", 0, 20, 100);
+    ASSERT_FALSE(d.admitted) << id;
+    hints.push_back(d.retry_after_ms);
+  }
+  // Five free seats a batch (8 less gold's 3): the sixth return waits a batch more than the first.
+  EXPECT_LT(hints[4] - hints[0], 1000);
+  EXPECT_GE(hints[5] - hints[0], 4000);
+}
+
+}  // namespace
+}  // namespace tireless
