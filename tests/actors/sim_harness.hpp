@@ -42,6 +42,9 @@ struct harness_options {
   int max_shard_restarts = 1 << 20;  // within a minute (virtual)
   uint64_t seed = 1;
   double step_time_target_seconds = 0;  // 0: steps bounded by tokens only
+  // The engine's step-cost prior as a share of the backend's real cost (below 1: a machine
+  // slower than its prior says, until the engine has measured its steps).
+  double prior_scale = 1.0;
 };
 
 class sim_harness {
@@ -65,6 +68,10 @@ class sim_harness {
     po.kv.check_invariants = true;
     po.shard.model = backend_;
     po.engine.step_prior = backend_->cost_prior();
+    for (double* c : {&po.engine.step_prior.c0, &po.engine.step_prior.per_prefill_token,
+                      &po.engine.step_prior.per_decode_seq, &po.engine.step_prior.per_thousand_context}) {
+      *c *= o.prior_scale;
+    }
     po.shard.simulated = true;
     po.shard.crash_probability = o.crash_probability;
     po.shard.seed = o.seed;
