@@ -261,74 +261,67 @@ TEST(runtime_sim, a_shard_past_its_restart_budget_fails_every_request_at_once_an
   EXPECT_EQ(h.door().inside(), 0);
 }
 
-TEST(runtime_sim, an_admitted_request_that_cannot_start_in_time_is_refused_before_any_prefill_with_a_retry_hint) {
-  harness_options o;
-  o.policy = admission_policy::tireless;
-  o.max_step_seqs = 2;  // two at a time: the rest wait
-  auto t = harness_options::tier("free", 1, 64);
-  t.ttft = std::chrono::milliseconds(1000);  // may start within 2 s
-  o.tiers = {t};
-  // A machine ten times slower than the engine's prior says (a prior not probed here).
-  o.prior_scale = 0.1;
-  sim_harness h(o);
-  std::vector<uint64_t> ids;
-  // All at once, before the engine has measured a step: admission predicts from the prior and
-  // admits several batches' worth; each takes ~2.4 s (200 tokens at 12 ms), so most cannot
-  // start within 2 s.
-  for (int i = 0; i < 16; ++i) ids.push_back(h.submit(tokens_request(20, 200, i)));
-  h.run();
-  expect_exactly_one_outcome_each(h, ids.size());
-  int completed = 0, late = 0;
-  for (uint64_t id : ids) {
-    const outcome& out = h.outcomes().at(id)[0];
-    if (out.kind == outcome_kind::completed) {
-      ++completed;
-      continue;
-    }
-    ASSERT_EQ(out.kind, outcome_kind::rejected) << out.message;
-    EXPECT_EQ(out.reason, "overloaded");
-    EXPECT_GE(out.retry_after_ms, 100);
-    EXPECT_EQ(out.tokens.size(), 0u) << "a refused request got tokens";
-    if (out.message.find("admitted, but it waited") != std::string::npos) ++late;  // else refused at arrival
-  }
-  EXPECT_GE(completed, 2);
-  EXPECT_GT(late, 0) << "every request waited for its turn, however long";
-  EXPECT_LE(h.engine().late_refusals, late);  // the rest were refused in admission's queue
-  EXPECT_EQ(h.kv().blocks.free, h.kv().blocks.total);
-  EXPECT_EQ(h.door().inside(), 0);
-}
+// 16 requests of 200 tokens at once on a fresh engine with two seats and a free tier that must
+// start within 2 s (its ttft 1 s); each takes ~2.4 s (200 tokens at 12 ms), so most cannot. The
+// engine's step-cost prior is `prior_scale` times the backend's real cost. Every request ends
+// once; a refused one is overloaded with a retry hint and no tokens; blocks and the door's places
+// come back.
+struct flood_tally {
+  int completed = 0, at_arrival = 0, late = 0;  // late: admitted, then refused unstarted
+  int64_t engine_late_refusals = 0;
+};
 
-// The same flood where the prior is right: admission counts the batch's seats freeing one batch
-// at a time (no completion measured yet) and the requests on their way to the engine, so those
-// that cannot start in time are refused at arrival, and none after waiting.
-TEST(runtime_sim, a_flood_on_a_fresh_engine_whose_prior_is_right_is_refused_at_arrival_not_after_waiting) {
+flood_tally flood_a_fresh_engine(double prior_scale) {
   harness_options o;
   o.policy = admission_policy::tireless;
   o.max_step_seqs = 2;
   auto t = harness_options::tier("free", 1, 64);
   t.ttft = std::chrono::milliseconds(1000);
   o.tiers = {t};
+  o.prior_scale = prior_scale;
   sim_harness h(o);
   std::vector<uint64_t> ids;
   for (int i = 0; i < 16; ++i) ids.push_back(h.submit(tokens_request(20, 200, i)));
   h.run();
   expect_exactly_one_outcome_each(h, ids.size());
-  int completed = 0, at_arrival = 0;
+  flood_tally n;
   for (uint64_t id : ids) {
     const outcome& out = h.outcomes().at(id)[0];
     if (out.kind == outcome_kind::completed) {
-      ++completed;
+      ++n.completed;
       continue;
     }
-    ASSERT_EQ(out.kind, outcome_kind::rejected) << out.message;
-    EXPECT_EQ(out.message.find("admitted, but"), std::string::npos) << out.message;
+    EXPECT_EQ(out.kind, outcome_kind::rejected) << out.message;
+    EXPECT_EQ(out.reason, "overloaded");
     EXPECT_GE(out.retry_after_ms, 100);
-    ++at_arrival;
+    EXPECT_EQ(out.tokens.size(), 0u) << "a refused request got tokens";
+    ++(out.message.find("admitted, but it waited") != std::string::npos ? n.late : n.at_arrival);
   }
-  EXPECT_GE(completed, 2);
-  EXPECT_GT(at_arrival, 0);
-  EXPECT_EQ(h.engine().late_refusals, 0);
+  n.engine_late_refusals = h.engine().late_refusals;
   EXPECT_EQ(h.kv().blocks.free, h.kv().blocks.total);
+  EXPECT_EQ(h.door().inside(), 0);
+  return n;
+}
+
+// A machine ten times slower than the engine's prior says (a prior not probed here): admission
+// admits several batches' worth, and those that cannot start in time are refused before any
+// prefill, with a retry hint.
+TEST(runtime_sim, an_admitted_request_that_cannot_start_in_time_is_refused_before_any_prefill_with_a_retry_hint) {
+  const flood_tally n = flood_a_fresh_engine(0.1);
+  EXPECT_GE(n.completed, 2);
+  EXPECT_GT(n.late, 0) << "every request waited for its turn, however long";
+  EXPECT_LE(n.engine_late_refusals, n.late);  // the rest were refused in admission's queue
+}
+
+// Where the prior is right, admission counts the batch's seats freeing one batch at a time (no
+// completion measured yet) and the requests on their way to the engine: those that cannot start
+// in time are refused at arrival, none after waiting.
+TEST(runtime_sim, a_flood_on_a_fresh_engine_whose_prior_is_right_is_refused_at_arrival_not_after_waiting) {
+  const flood_tally n = flood_a_fresh_engine(1.0);
+  EXPECT_GE(n.completed, 2);
+  EXPECT_GT(n.at_arrival, 0);
+  EXPECT_EQ(n.late, 0);
+  EXPECT_EQ(n.engine_late_refusals, 0);
 }
 
 // Seeded random mixes of submits, cancels, deadlines and shard crashes.
