@@ -9,11 +9,11 @@
 
 namespace tireless {
 
-// Times a few synthetic steps on `b`, on KV blocks from 0 on, before it serves anything: short
-// prompts prefilled one at a time, then decodes of up to `seqs` sequences at once (sampling, as
-// served). The prefill steps' median scales the prior's fixed and per-prompt-token costs; the
-// decode steps' median scales its per-sequence and per-position costs. Returns b.cost_prior()
-// unchanged where the pool or the limits leave no room for a probe.
+// Times a few synthetic steps on `b`, on KV blocks from 0 on, before it serves anything (its
+// pool fresh: zeroed, as the CPU backend's is): a short prompt prefilled three times, then
+// decodes of up to `seqs` sequences at once at a chat's context (sampling, as served). The prefill steps' median scales the prior's
+// fixed and per-prompt-token costs; the decode steps' median its per-sequence and per-position
+// costs. Returns b.cost_prior() unchanged where the pool or the limits leave no room for a probe.
 step_cost_prior probe_step_cost(backend& b, int32_t seqs);
 
 }  // namespace tireless
