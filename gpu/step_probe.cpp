@@ -67,14 +67,17 @@ step_cost_prior probe_step_cost(backend& b, int32_t seqs) {
     if (d > 0) decode.push_back(t);
   }
   auto scale = [](double actual, double predicted) {
-    return predicted > 0 ? std::clamp(actual / predicted, 0.1, 10.0) : 1.0;
+    return predicted > 0 ? std::clamp(actual / predicted, 0.01, 100.0) : 1.0;
   };
   step_cost_prior p = prior;
   const double fixed = scale(median(prefill), prior.c0 + prompt * prior.per_prefill_token);
   p.c0 *= fixed;
   p.per_prefill_token *= fixed;
+  // The decode steps' ratio as a whole (their share of the fixed cost left in: a difference of
+  // two noisy times could read as nothing).
   const double positions = n * (context + decodes / 2.0 + 1) / 1000.0;
-  const double per_decode = scale(median(decode) - p.c0, n * prior.per_decode_seq + positions * prior.per_thousand_context);
+  const double per_decode =
+      scale(median(decode), prior.c0 + n * prior.per_decode_seq + positions * prior.per_thousand_context);
   p.per_decode_seq *= per_decode;
   p.per_thousand_context *= per_decode;
   return p;

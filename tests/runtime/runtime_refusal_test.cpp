@@ -51,7 +51,9 @@ request tiny(int32_t max_tokens) {
 TEST(runtime_refusal, a_full_tier_refuses_on_the_submitting_thread_and_a_bad_request_still_hears_why) {
   auto rt = runtime::start(full_tier_config());
   // Holders fill the tier one at a time (one that arrives while another is still queued is
-  // refused: the queue holds one).
+  // refused: the queue holds one). Each runs ~10 s (1500 tokens): the third's predicted wait, two
+  // of them one after the other on the one seat, stays within max_queue_wait (60 s), as a
+  // request predicted to wait past it is refused at once.
   std::atomic<int> holders{0}, holder_outcomes{0};
   runtime_stats s;
   for (int i = 0; i < 500; ++i) {
@@ -59,7 +61,7 @@ TEST(runtime_refusal, a_full_tier_refuses_on_the_submitting_thread_and_a_bad_req
     if (s.queued_in_admission == 1 && s.running + s.waiting_in_engine == 2) break;
     if (s.live_requests < 3) {
       ++holders;
-      rt->submit(tiny(4000), nullptr, [&](const outcome&) { ++holder_outcomes; });
+      rt->submit(tiny(1500), nullptr, [&](const outcome&) { ++holder_outcomes; });
     }
     std::this_thread::sleep_for(20ms);
   }
