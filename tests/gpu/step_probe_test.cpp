@@ -9,6 +9,16 @@
 #include "gpu/cpu/cpu_backend.hpp"
 #include "model/model.hpp"
 
+// Sanitizers change what a step costs from one run of it to the next (shadow memory touched
+// first by one of them): timing ratios under them are not the machine's.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define TIRELESS_TIMING_UNRELIABLE 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define TIRELESS_TIMING_UNRELIABLE 1
+#endif
+#endif
+
 namespace tireless {
 namespace {
 
@@ -49,6 +59,9 @@ class slower : public backend {
 
 TEST(step_probe, scales_the_prior_by_how_fast_the_machine_runs_the_steps) {
   if (!std::filesystem::exists(smollm2())) GTEST_SKIP() << "no SmolLM2 (scripts/fetch-model)";
+#ifdef TIRELESS_TIMING_UNRELIABLE
+  GTEST_SKIP() << "under a sanitizer (its prefill read 1.05-1.25x for steps run twice)";
+#endif
   auto m = model::load(smollm2());
   slower plain(cpu::make_cpu_backend(m, options(64)), 1), doubled(cpu::make_cpu_backend(m, options(64)), 2);
   // A decode step of 8 at a chat's context, and a 64-token prefill, as each probe predicts them.
