@@ -40,6 +40,18 @@ struct runtime::impl {
 
 namespace {
 
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool sanitized_build = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool sanitized_build = true;
+#else
+constexpr bool sanitized_build = false;
+#endif
+#else
+constexpr bool sanitized_build = false;
+#endif
+
 template <class Impl>
 std::unique_ptr<expert_exchange> make_expert_exchange(Impl& r, const model_config& mc) {
   const backend_settings& b = r.cfg.backend;
@@ -147,7 +159,9 @@ std::unique_ptr<runtime> runtime::start(const runtime_config& config) {
           pipeline_options po = make_pipeline_options(m->cfg, m->lim, m->be);
           // The CPU's step costs measured before serving (gpu/step_probe.hpp). Not where experts
           // are on shards (a step would reach them before they serve) or on a GPU (never run).
-          if (chosen_kind(m->cfg.backend) == backend_kind::cpu && !m->experts) {
+          // Nor in a sanitizer's build: its steps run 10-100x slower and unevenly (TSan read 100x
+          // beside another build's tests), which made a flood at start wait 60 s by the forecast.
+          if (chosen_kind(m->cfg.backend) == backend_kind::cpu && !m->experts && !sanitized_build) {
             const step_cost_prior prior = po.engine.step_prior;
             po.engine.step_prior = probe_step_cost(*m->be, m->cfg.engine.max_step_seqs);
             m->probed = fmt::format("steps {:.2f}x (prefill) and {:.2f}x (decode) the prior's",
