@@ -96,19 +96,40 @@ async def stats_and_health(port):
     return out
 
 
-async def fill_the_pool(port, n=8):
-    """Long documents at once, more than the KV pool holds: every block is written (and its
-    pages touched) before RSS is watched, and the engine preempts from the start."""
-    conns = [await h.connect(port) for _ in range(n)]
+async def fill_the_pool(port, n=8, attempts=12):
+    """Long documents at once, more than the KV pool holds (8 of ~900 tokens; the pool's 320
+    blocks of 16 hold ~5k): every block is written (and its pages touched) before RSS is watched,
+    as the pool hands out a block never used before evicting a cached one.
+    They are premium, whose first token is due within its start bound: the server admits what it
+    can start in time and refuses the rest with a hint (a fresh server's forecast rests on the
+    step costs it probed at start). Each refused document comes back after its hint with its
+    retry token, as a client that honours hints does, until it completes: (outcomes, retries)."""
     words = "river stone lantern orchard signal harbor meadow copper violet engine".split()
     half = " ".join(words[i % len(words)] + str(i) for i in range(140))  # ~450 tokens
-    doc = half + " " + half  # 8 of ~900 tokens: more than the pool's 320 blocks of 16 hold at once
-    calls = [await h.start(inf, h.new_request(h.PREMIUM, text=f"{i}: {doc}", max_tokens=24))
-             for i, (_, inf) in enumerate(conns)]
-    outcomes = [await c.wait(timeout=300) for c in calls]
-    for c, _ in conns:
-        c.close()
-    return outcomes
+    doc = half + " " + half
+    retries = 0
+
+    async def one(i):
+        nonlocal retries
+        token = 0
+        for _ in range(attempts):
+            # A connection each try: one idle through a long hint is closed (idle_timeout_ms).
+            client, inf = await h.connect(port)
+            try:
+                r = h.new_request(h.PREMIUM, text=f"{i}: {doc}", max_tokens=24, retryToken=token)
+                outcome = await (await h.start(inf, r)).wait(timeout=300)
+            finally:
+                client.close()
+            hint = outcome.rejected.retryAfterMs if outcome.which() == "rejected" else -1
+            if hint < 0:
+                return outcome
+            retries += 1
+            token = outcome.rejected.retryToken
+            await asyncio.sleep(hint / 1000)
+        return outcome
+
+    outcomes = await asyncio.gather(*(one(i) for i in range(n)))
+    return outcomes, retries
 
 
 async def measure_capacity(port, seconds=20.0, concurrency=6):
@@ -193,13 +214,13 @@ def main():
         checks.append((name, ok, detail))
 
     try:
-        filled = asyncio.run(capnp.run(fill_the_pool(server.port)))
+        filled, fill_retries = asyncio.run(capnp.run(fill_the_pool(server.port)))
         lines.append("pool filled first: " + ", ".join(h.describe(o) for o in filled))
         fill_preemptions = sum(o.usage.preemptions for o in filled)
         check("the KV pool was filled before RSS was watched",
               all(o.which() == "completed" for o in filled),
               f"{sum(o.which() == 'completed' for o in filled)} of {len(filled)} long documents completed, "
-              f"{fill_preemptions} preemptions")
+              f"{fill_retries} retries after a hint, {fill_preemptions} preemptions")
         capacity = asyncio.run(capnp.run(measure_capacity(server.port)))
         rate = args.load * max(capacity, 0.2)
         lines.append(f"capacity (premium chats, closed loop): {capacity:.2f} requests/s; "
