@@ -145,7 +145,12 @@ void arrive(self_ptr self, generate_msg& msg, const caf::actor& session) {
   a.id = b.getRequestId();
   a.tenant = b.getTenant().cStr();
   a.tier = b.getTier().cStr();
-  a.prompt_tokens = static_cast<int32_t>(b.getPrompt().size());
+  auto prompt = b.getPrompt();
+  std::vector<token_id> tokens;  // for its cached prefix (prefix_index)
+  tokens.reserve(prompt.size());
+  for (token_id t : prompt) tokens.push_back(t);
+  a.prompt_tokens = static_cast<int32_t>(tokens.size());
+  a.prompt = tokens;
   a.max_tokens = b.getMaxTokens();
   a.now_ns = now_ns(self);
   a.retry_token = b.getRetryToken();
@@ -160,6 +165,7 @@ void arrive(self_ptr self, generate_msg& msg, const caf::actor& session) {
   b.setTierPriority(d.priority);
   b.setTtftTargetNs(d.ttft_target.count());
   b.setTpotTargetNs(d.tpot_target.count());
+  b.setExpectedCachedTokens(d.cached_tokens);
   if (d.start_within.count() > 0) b.setStartByNs(b.getArrivalNs() + d.start_within.count());
   // The session's deadline, kept here rather than by the session so that requests refused
   // above cost no timer.
@@ -257,7 +263,9 @@ caf::behavior admission(self_ptr self, std::shared_ptr<admission_gate> gate) {
 }  // namespace
 
 std::shared_ptr<admission_gate> make_admission_gate(const admission_options& o) {
-  return std::make_shared<admission_gate>(o.policy, o.settings, o.tiers, o.tenants);
+  auto gate = std::make_shared<admission_gate>(o.policy, o.settings, o.tiers, o.tenants);
+  gate->control().index_prefixes(o.prefix_block_size, o.prefix_index_blocks);
+  return gate;
 }
 
 caf::actor spawn_admission(caf::actor_system& sys, std::shared_ptr<admission_gate> gate) {

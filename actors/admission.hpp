@@ -34,6 +34,10 @@ struct admission_options {
   admission_settings settings;
   std::vector<tier_settings> tiers;
   std::vector<tenant_settings> tenants;
+  // The engine's prefix cache, as admission expects it (admission_control::index_prefixes):
+  // its block size and pool size in blocks; 0: without prefix caching.
+  int32_t prefix_block_size = 0;
+  int64_t prefix_index_blocks = 0;
 };
 
 // Messages:

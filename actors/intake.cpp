@@ -66,6 +66,7 @@ std::optional<admission_decision> intake::refuse_at_once(uint64_t id, const requ
   a.retry_token = r.retry_token;
   if (!r.prompt_tokens.empty() && r.messages.empty() && r.prompt.empty()) {
     a.prompt_tokens = static_cast<int32_t>(r.prompt_tokens.size());
+    a.prompt = r.prompt_tokens;
   } else {
     // Text: its length in tokens is known only once tokenized. That work is done here only
     // when the policy refuses even the shortest prompt of this tier now (nothing promised).
@@ -76,6 +77,7 @@ std::optional<admission_decision> intake::refuse_at_once(uint64_t id, const requ
     if (prepare_prompt(r, lm_.get(), request_limits_, p)) return std::nullopt;  // its session says what is wrong
     a.prompt_tokens = static_cast<int32_t>(p.ids.size());
     prepared = std::move(p);  // if it is let in, its session need not tokenize it again
+    a.prompt = prepared->ids;
   }
   // A request with a problem goes on to its session, which reports the problem, not the load.
   if (check_request(r, lm_.get(), a.prompt_tokens, request_limits_)) return std::nullopt;
@@ -104,6 +106,7 @@ replica_view intake::view(const request& r) {
   // A text prompt's tokens are not counted here: about four bytes a token.
   a.prompt_tokens = !r.prompt_tokens.empty() ? static_cast<int32_t>(r.prompt_tokens.size())
                                              : std::max<int32_t>(1, static_cast<int32_t>(prompt_text_bytes(r) / 4));
+  a.prompt = r.prompt_tokens;
   auto lock = gate_->lock();
   admission_control& c = gate_->control();
   v.would_refuse = c.would_refuse(a);

@@ -58,6 +58,10 @@ pipeline_options make_pipeline_options(const runtime_config& c, const resolved_l
   po.admission.settings = c.admission;
   po.admission.tiers = c.tiers;
   po.admission.tenants = c.tenants;
+  if (c.kv.prefix_caching) {
+    po.admission.prefix_block_size = geo.block_size;
+    po.admission.prefix_index_blocks = geo.n_blocks;
+  }
   engine_options& eo = po.engine;
   eo.limits.max_step_tokens = c.engine.max_step_tokens;
   eo.limits.max_step_seqs = c.engine.max_step_seqs;

@@ -120,6 +120,7 @@ std::pair<sequence_spec, std::vector<std::string>> sequence_of(proto::GenerateRe
   spec.ttft_target_ns = r.getTtftTargetNs();
   spec.tpot_target_ns = r.getTpotTargetNs();
   spec.start_by = r.getStartByNs();
+  spec.expected_cached = r.getExpectedCachedTokens();
   std::vector<std::string> degradations;
   for (auto d : r.getDegradations()) degradations.emplace_back(d.cStr());
   return {std::move(spec), std::move(degradations)};

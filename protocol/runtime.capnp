@@ -26,6 +26,7 @@ struct GenerateRequest {
   tpotTargetNs @13 :Int64 = 0;  # then one token per this; 0: none (set by admission's policy)
   startByNs @14 :Int64 = 0;     # not started by then: refused before any prefill; 0: never
   retryToken @15 :UInt64;       # the client's reservation, from an earlier refusal (0: none)
+  expectedCachedTokens @16 :Int32 = 0;  # of the prompt, expected in the prefix cache (admission's prefix index)
 }
 
 # engine → session: tokens generated for a request, in order.

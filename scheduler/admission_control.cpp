@@ -17,6 +17,9 @@ constexpr double drr_quantum_tokens = 1024;
 // A finished request's weight in its tier's mean of generated tokens.
 constexpr double generated_mean_weight = 1.0 / 16;
 
+// The prompt tokens of `a` its prefill computes, expected: those not in the prefix cache.
+int32_t uncached_tokens(const arrival& a) { return a.prompt_tokens - std::max(a.cached_tokens, 0); }
+
 int64_t ms_ceil(double seconds) { return static_cast<int64_t>(std::ceil(std::max(seconds, 0.0) * 1000.0)); }
 
 // The lowest pressure at which a tier's ladder sheds (above any pressure when it never does).
@@ -94,7 +97,7 @@ double admission_control::predicted_ttft(const std::string& tier, int32_t prompt
 }
 
 first_token_forecast admission_control::forecast(const std::string& tier, int32_t prompt_tokens, double extra_tokens,
-                                                 bool own_work_only, double returns) const {
+                                                 bool own_work_only, double returns, int32_t cached) const {
   if (!load_.measured()) return {};  // nothing measured yet: optimistic
   // Work ahead of the request: prompts waiting in the engine and those queued here, at its
   // tier or above (the engine places waiting requests in priority order, so a lower tier's
@@ -104,13 +107,14 @@ first_token_forecast admission_control::forecast(const std::string& tier, int32_
   const int32_t priority = own.settings->priority;
   const bool one_queue = kind_ == admission_policy::fcfs || kind_ == admission_policy::least_slack;
   const double target = std::chrono::duration<double>(own.settings->ttft).count();
-  const bool infeasible = target > 0 && idle_prefill(prompt_tokens) > target;
+  const bool infeasible = target > 0 && idle_prefill(prompt_tokens - std::max(cached, 0)) > target;
   // Prompts not started yet (its own, those queued here) compute what the prefix cache does not
-  // hold: their tier's share of it lately.
+  // hold: their tier's share of it lately (its own: what the prefix index expects, if known).
   auto uncached = [&](int32_t p) { return uncached_share(p); };
   work_ahead w;
   w.priority = engine_priority(*own.settings);
-  w.prompt_tokens = (extra_tokens + prompt_tokens) * uncached(w.priority);
+  w.prompt_tokens = extra_tokens * uncached(w.priority) +
+                    (cached >= 0 ? prompt_tokens - cached : prompt_tokens * uncached(w.priority));
   w.lower_tiers_yield = own_work_only;
   w.returns = returns;
   for (const tier_load& t : load_.tiers) {
@@ -233,7 +237,8 @@ int64_t admission_control::retry_hint_ms(const tier_settings& tier, const arriva
                                          bool promise, uint64_t* token) {
   if (!promise) return 0;  // would_refuse asks: no hint is given, nothing promised
   const retry_book::reserved_work returns = book_->reserved(tier.priority, a.now_ns);
-  const double ttft = forecast(tier.name, a.prompt_tokens, returns.prompt_tokens, false, returns.requests).seconds;
+  const double ttft =
+      forecast(tier.name, a.prompt_tokens, returns.prompt_tokens, false, returns.requests, a.cached_tokens).seconds;
   const int64_t hint = std::max<int64_t>(ms_ceil(ttft - target_seconds), 100);
   if (token) *token = book_->reserve(a.tenant, tier.priority, a.prompt_tokens, a.now_ns, hint * 1'000'000);
   return hint;
@@ -323,12 +328,13 @@ std::optional<admission_decision> admission_control::judge_by_forecast(const arr
   // token, or never, would otherwise hold phantom room; in the sim suite that cost 30-40% of
   // the goodput at 2-3x.)
   const bool reserved = holds_reservation(a);
-  const double ttft = predicted_ttft(ts.name, a.prompt_tokens);
-  // Infeasible: its own prefill, on an idle engine, takes longer than the target. It is
+  const double ttft = forecast(ts.name, a.prompt_tokens, 0, false, 0, a.cached_tokens).seconds;
+  // Infeasible: its own prefill (of what the prefix cache is not expected to hold), on an idle
+  // engine, takes longer than the target. It is
   // judged by the wait ahead of it (the target is out of reach whatever the load) and by
   // what it costs the tiers below it (their requests wait behind it), served after the
   // feasible requests of its tier, and its outcome says so.
-  const double idle = idle_prefill(a.prompt_tokens);
+  const double idle = idle_prefill(uncached_tokens(a));
   const bool infeasible = target > 0 && idle > target;
   if (promise && !infeasible) {  // an arrival (not a question about one) that can be on time: the tier's load
     tier.offered.add(a.prompt_tokens, a.now_ns);
@@ -350,8 +356,11 @@ std::optional<admission_decision> admission_control::judge_by_forecast(const arr
                   retry_hint_ms(ts, a, target + idle, promise));
   }
   if (infeasible) {
-    d.degradations.push_back(fmt::format("a {}-token prompt cannot start within tier '{}''s {:.0f} ms; expect ~{:.1f} s",
-                                         a.prompt_tokens, ts.name, target * 1e3, ttft));
+    d.degradations.push_back(fmt::format("a {}-token prompt{} cannot start within tier '{}''s {:.0f} ms; expect ~{:.1f} s",
+                                         a.prompt_tokens,
+                                         a.cached_tokens > 0 ? fmt::format(" ({} of them expected cached)", a.cached_tokens)
+                                                             : std::string(),
+                                         ts.name, target * 1e3, ttft));
   }
   const degradation deg = ts.degradation_at(pressure);
   if (deg.shed && !reserved) {
@@ -401,7 +410,7 @@ std::optional<admission_decision> admission_control::hold_start_bound(const arri
   const bool infeasible = idle > 0;
   double max_wait = std::min(std::chrono::duration<double>(settings_.max_queue_wait).count(),
                              std::chrono::duration<double>(ts.start_bound()).count());
-  const first_token_forecast own = forecast(ts.name, a.prompt_tokens, 0, true);
+  const first_token_forecast own = forecast(ts.name, a.prompt_tokens, 0, true, 0, a.cached_tokens);
   const bool over =
       !infeasible && tier.offered.at(a.now_ns, observing_since_ns_) * uncached_share(ts.priority) * own.seconds_per_token > 1.0;
   if (over) max_wait = std::min(max_wait, target);
@@ -418,25 +427,34 @@ std::optional<admission_decision> admission_control::hold_start_bound(const arri
   });
 }
 
+arrival admission_control::looked_up(const arrival& a) const {
+  arrival b = a;
+  b.cached_tokens = prefixes_.enabled() && !a.prompt.empty() ? prefixes_.cached_tokens(a.prompt) : -1;
+  return b;
+}
+
 std::optional<admission_decision> admission_control::refusal(const arrival& a) {
-  admission_decision d = decide(a);
+  admission_decision d = decide(looked_up(a));
   if (d.admitted) return std::nullopt;
   return d;
 }
 
-bool admission_control::would_refuse(const arrival& a) { return !decide(a, false).admitted; }
+bool admission_control::would_refuse(const arrival& a) { return !decide(looked_up(a), false).admitted; }
 
-admission_decision admission_control::arrive(const arrival& a) {
+admission_decision admission_control::arrive(const arrival& arrived) {
+  const arrival a = looked_up(arrived);
   admission_decision d = decide(a);
   if (!d.admitted) return d;
+  d.cached_tokens = std::max(a.cached_tokens, 0);
+  prefixes_.record(a.prompt);
   if (a.retry_token != 0) book_->take(a.retry_token, a.tenant, a.now_ns);  // the promised work is here now
   tier_state& tier = tier_of(a.tier);
   const tier_settings& ts = *tier.settings;
   tenant_state* tenant = &tenant_of(a.tenant);
   holding h;
-  h.q = {a.id, a.tenant, ts.name, a.prompt_tokens, d.max_tokens, a.now_ns, d.start_within.count()};
+  h.q = {a.id, a.tenant, ts.name, a.prompt_tokens, d.max_tokens, a.cached_tokens, a.now_ns, d.start_within.count()};
   const double target = std::chrono::duration<double>(ts.ttft).count();
-  h.later = kind_ == admission_policy::tireless && target > 0 && idle_prefill(a.prompt_tokens) > target;
+  h.later = kind_ == admission_policy::tireless && target > 0 && idle_prefill(uncached_tokens(a)) > target;
   ++tenant->concurrent;
   if (kind_ == admission_policy::tireless) {
     h.reserved = static_cast<double>(a.prompt_tokens) + d.max_tokens;
@@ -455,7 +473,7 @@ admission_decision admission_control::arrive(const arrival& a) {
   ++tier.queued;
   tier.queued_prompt_tokens += a.prompt_tokens;
   if (h.later) tier.queued_later_tokens += a.prompt_tokens;
-  tier.arriving.add(a.prompt_tokens, a.now_ns);
+  tier.arriving.add(uncached_tokens(a), a.now_ns);
   if (tier.generated_mean >= 0) tier.arriving_decodes.add(std::min<double>(d.max_tokens, tier.generated_mean), a.now_ns);
   held_prompt_tokens_ += a.prompt_tokens;
   held_max_tokens_ += d.max_tokens;
@@ -645,7 +663,7 @@ std::vector<admission_control::late_request> admission_control::too_late_to_star
   if (kind_ != admission_policy::tireless) return out;
   for (auto& [id, h] : held_) {
     if (!h.queued || h.q.start_within_ns <= 0) continue;
-    const double prefill_ns = idle_prefill(h.q.prompt_tokens) * 1e9;
+    const double prefill_ns = idle_prefill(h.q.prompt_tokens - std::max(h.q.cached_tokens, 0)) * 1e9;
     if (static_cast<double>(now_ns - h.q.arrival_ns) + prefill_ns > static_cast<double>(h.q.start_within_ns)) {
       out.push_back({h.q, h.q.start_within_ns / 1'000'000, 0});
     }
@@ -669,7 +687,8 @@ std::optional<retry_promise> admission_control::retry_after_late_start(uint64_t 
 // An admitted request refused unstarted: back when a request like it would meet its target.
 retry_promise admission_control::promise_return(const queued_request& q, int64_t now_ns) {
   const tier_settings& ts = *tier_of(q.tier).settings;
-  const arrival a{q.id, q.tenant, q.tier, q.prompt_tokens, q.max_tokens, now_ns};
+  arrival a{q.id, q.tenant, q.tier, q.prompt_tokens, q.max_tokens, now_ns};
+  a.cached_tokens = q.cached_tokens;
   retry_promise p;
   p.retry_after_ms = retry_hint_ms(ts, a, std::chrono::duration<double>(ts.ttft).count(), true, &p.retry_token);
   return p;

@@ -18,6 +18,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -26,6 +27,7 @@
 #include "scheduler/engine_credits.hpp"
 #include "scheduler/engine_load.hpp"
 #include "scheduler/moving_rate.hpp"
+#include "scheduler/prefix_index.hpp"
 #include "scheduler/retry_book.hpp"
 #include "scheduler/token_bucket.hpp"
 
@@ -38,6 +40,12 @@ struct arrival {
   int32_t prompt_tokens = 0;
   int32_t max_tokens = 0;
   int64_t now_ns = 0;
+  // Its tokens, when known (empty: only prompt_tokens is): the prefix admission sent the engine
+  // before is expected cached there (prefix_index), and its feasibility is judged by the rest.
+  std::span<const token_id> prompt{};
+  // Of those, the tokens expected in the prefix cache: admission looks them up (any value given
+  // is replaced); -1: unknown (no prompt, or no index), its tier's share of them lately.
+  int32_t cached_tokens = -1;
   // The token of an earlier refusal of this tenant's (admission_decision::retry_token): a
   // client back at the time it was told holds the reservation that came with it.
   uint64_t retry_token = 0;
@@ -55,6 +63,7 @@ struct admission_decision {
   // admitted: how long after arrival it may still start (a sheddable tier's start bound); 0: no limit
   std::chrono::nanoseconds start_within{0};
   std::vector<std::string> degradations;  // admitted: what was done, for the outcome
+  int32_t cached_tokens = 0;              // admitted: prompt tokens expected in the prefix cache
   refusal reason = refusal::overloaded;   // refused
   std::string message;
   int64_t retry_after_ms = -1;
@@ -68,6 +77,7 @@ struct queued_request {
   uint64_t id = 0;
   std::string tenant, tier;
   int32_t prompt_tokens = 0, max_tokens = 0;
+  int32_t cached_tokens = -1;  // of the prompt, expected in the prefix cache (arrival::cached_tokens)
   int64_t arrival_ns = 0;
   int64_t start_within_ns = 0;  // its start bound after arrival (admission_decision::start_within); 0: none
 };
@@ -78,6 +88,10 @@ class admission_control {
   admission_control(admission_policy kind, const admission_settings& settings,
                    std::vector<tier_settings> tiers, std::vector<tenant_settings> tenants,
                    std::shared_ptr<retry_book> book = nullptr);
+  // Expect the engine's prefix cache to hold the leading blocks of the prompts sent to it (of
+  // block_size tokens, the pool's capacity_blocks at most): a prompt is judged by its part the
+  // cache is not expected to hold. Without it: every prompt by its whole length.
+  void index_prefixes(int32_t block_size, int64_t capacity_blocks) { prefixes_ = prefix_index(block_size, capacity_blocks); }
 
   // Refuses the request, or queues it (admitted).
   admission_decision arrive(const arrival& a);
@@ -178,6 +192,8 @@ class admission_control {
     bool later = false;   // infeasible: prefilled after its tier's feasible prompts
   };
 
+  // `a` with arrival::cached_tokens looked up.
+  arrival looked_up(const arrival& a) const;
   admission_decision decide(const arrival& a, bool promise = true);
   // tireless: the arrival against its tier's forecast and degradation ladder; a refusal, or
   // none with d filled in. hold_start_bound: a tier that is not shed, against its start bound
@@ -193,9 +209,10 @@ class admission_control {
   // The share of a new prompt of this engine priority the prefix cache is not expected to hold.
   double uncached_share(int32_t engine_priority) const;
   // predicted_ttft() with the pace of a prompt token at that priority.
-  // returns: clients due back before it (work_ahead::returns).
+  // returns: clients due back before it (work_ahead::returns). cached: of its prompt, the
+  // tokens expected in the prefix cache (-1: unknown, its tier's share of them lately).
   first_token_forecast forecast(const std::string& tier, int32_t prompt_tokens, double extra_tokens,
-                                bool own_work_only, double returns = 0) const;
+                                bool own_work_only, double returns = 0, int32_t cached = -1) const;
   std::optional<admission_decision> check_quotas(tenant_state& t, const arrival& a, int32_t max_tokens);
   // The wait until `a` would be predicted within target_seconds, and the reservation for its
   // return (its token in *token).
@@ -228,6 +245,7 @@ class admission_control {
   // come back before it still ahead, so hints are staggered and a herd of refused clients does
   // not return at once into the same wall; one back in time with its token is not shed.
   std::shared_ptr<retry_book> book_;
+  prefix_index prefixes_;  // the prompts admitted for the engine (index_prefixes)
   bool holds_reservation(const arrival& a) const;
   engine_load load_;
   // Requests released by engine priority, ever, and those the engine said it received; the

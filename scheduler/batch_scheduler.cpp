@@ -95,9 +95,26 @@ int64_t batch_scheduler::sequence::next_token_due() const {
                   last_token_at + longest_pause_ns(spec));
 }
 
+bool batch_scheduler::infeasible(seq_id seq, const step_time_budget& time) const {
+  auto it = seqs_.find(seq);
+  return it != seqs_.end() && infeasible(it->second, time);
+}
+
+int32_t batch_scheduler::sequence::expected_start() const {
+  if (running) return computed;
+  return std::max(computed, std::min(spec.expected_cached, static_cast<int32_t>(tokens.size()) - 1));
+}
+
+int32_t batch_scheduler::sequence::uncached_prompt() const {
+  const auto prompt = static_cast<int32_t>(spec.prompt.size());
+  return prompt - (placed_cached >= 0 ? placed_cached : std::clamp(spec.expected_cached, 0, std::max(prompt - 1, 0)));
+}
+
+// Judged by what its prefill computes: a prompt whose long prefix is cached (an agent's system
+// prompt) is not infeasible for its length.
 bool batch_scheduler::infeasible(const sequence& s, const step_time_budget& time) const {
   return s.generated == 0 && s.spec.ttft_target_ns > 0 && time.per_prefill_token > 0 &&
-         idle_prefill_seconds(static_cast<int32_t>(s.spec.prompt.size()), time, limits_.max_step_tokens) >
+         idle_prefill_seconds(s.uncached_prompt(), time, limits_.max_step_tokens) >
              static_cast<double>(s.spec.ttft_target_ns) * 1e-9;
 }
 
@@ -120,7 +137,7 @@ std::vector<std::pair<int32_t, double>> batch_scheduler::decode_seconds_above(co
 // counted: admission keeps its tier's start bound within its forecast of them.
 double batch_scheduler::first_token_after_start(const sequence& s, const step_time_budget& time,
                                                 const std::vector<std::pair<int32_t, double>>& decodes) const {
-  const auto tokens = static_cast<int32_t>(s.tokens.size()) - s.computed;
+  const int32_t tokens = s.prefill_left();
   const double idle = idle_prefill_seconds(tokens, time, limits_.max_step_tokens);
   if (time.seconds <= 0 || time.per_prefill_token <= 0 || tokens <= 0) return idle;
   double beside = 0;  // the decodes of its priority and above
@@ -144,6 +161,7 @@ step_batch batch_scheduler::finalize(const kv_reply& reply) {
     sequence& s = it->second;
     s.running = false;
     s.computed = 0;
+    s.held_positions = 0;
     s.committed_blocks = 0;
     s.table.clear();
     if (s.shard_has > 0) forgotten_.push_back(p);
@@ -174,14 +192,17 @@ step_batch batch_scheduler::finalize(const kv_reply& reply) {
       s.running = true;
       s.computed = g.cached_tokens;
       s.cached_tokens += g.cached_tokens;
+      if (s.placed_cached < 0) s.placed_cached = std::min(g.cached_tokens, static_cast<int32_t>(s.spec.prompt.size()));
     }
+    s.held_positions = std::max(s.held_positions, plan_[i].positions);
     assert(g.table_from <= static_cast<int32_t>(s.table.size()));
     s.table.resize(static_cast<size_t>(g.table_from));
     s.table.insert(s.table.end(), g.table.begin(), g.table.end());
     s.shard_has = std::min(s.shard_has, g.table_from);
+    // A new sequence that found less cached than expected computes no more than was planned.
     const int32_t end = std::min({static_cast<int32_t>(s.tokens.size()),
-                                  static_cast<int32_t>(s.table.size()) * limits_.block_size,
-                                  plan_[i].positions});
+                                  static_cast<int32_t>(s.table.size()) * limits_.block_size, plan_[i].positions,
+                                  s.computed + plan_[i].tokens});
     const int32_t n = end - s.computed;
     if (n <= 0) continue;
     sequence_step st;
@@ -297,7 +318,7 @@ sequence_counts batch_scheduler::counts(const step_time_budget& time) const {
       ++c.waiting;
       ++t.waiting;
     }
-    const int64_t left = static_cast<int64_t>(s.tokens.size()) - s.computed;
+    const int64_t left = s.prefill_left();
     if (is_decode(s)) {
       ++t.decodes;
       t.context += static_cast<double>(s.computed);

@@ -83,6 +83,10 @@ struct sequence_spec {
   int64_t ttft_target_ns = 0;
   int64_t tpot_target_ns = 0;
   int64_t start_by = 0;  // not started by then: taken out by take_late() unstarted; 0: never
+  // Of the prompt, the leading tokens the prefix cache is expected to hold when it is placed
+  // (admission's prefix index): until then its prefill is judged by the rest (feasibility,
+  // deadlines, the step's token budget); the KV pool's grant says what it really holds.
+  int32_t expected_cached = 0;
 };
 
 // A first token later than this many times its tier's target after arrival is "late": the
@@ -146,6 +150,9 @@ class batch_scheduler {
   // then, so no request waits on an event that never comes.
   std::optional<int64_t> wake_at(int64_t now, const step_time_budget& time) const;
   bool knows(seq_id seq) const { return seqs_.count(seq) != 0; }
+  // Whether its prompt, on an idle engine by `time`'s model, cannot meet its first-token target
+  // (of what its prefill computes: less what the cache holds, or is expected to hold).
+  bool infeasible(seq_id seq, const step_time_budget& time) const;
   // `time`: the model by which a prompt is infeasible (none: every prompt counts as feasible).
   sequence_counts counts(const step_time_budget& time = step_time_budget{}) const;
   int32_t preemptions(seq_id seq) const;
@@ -166,6 +173,8 @@ class batch_scheduler {
     int32_t window = 0;            // tokens it may still emit; meaningful when spec.token_window > 0
     int32_t preemptions = 0;
     int32_t cached_tokens = 0;
+    int32_t placed_cached = -1;    // prompt tokens the prefix cache held at its first placement (-1: not placed)
+    int32_t held_positions = 0;    // positions its blocks hold (granted; never asked to shrink)
     int32_t committed_blocks = 0;  // full blocks already offered to the prefix cache
     std::vector<block_id> table;
     int32_t shard_has = 0;         // leading table entries the shard got in earlier steps
@@ -179,6 +188,14 @@ class batch_scheduler {
     // let another in for the same round trip: a livelock of the waiting, found by random runs).
     uint64_t refused_epoch = std::numeric_limits<uint64_t>::max();
     bool paused() const { return spec.token_window > 0 && window <= 0; }
+    // The position its next step computes from: `computed` while it holds blocks; before, what
+    // the prefix cache is expected to hold of it (sequence_spec::expected_cached).
+    int32_t expected_start() const;
+    // Tokens to compute before it samples, expected (from expected_start()).
+    int32_t prefill_left() const { return static_cast<int32_t>(tokens.size()) - expected_start(); }
+    // Prompt tokens its prefill computes: less what the cache held when it was first placed,
+    // or, until then, what it is expected to hold.
+    int32_t uncached_prompt() const;
     // When the next token is due (nanoseconds): the first by arrival + its tier's target, then
     // by its one-token-per-TPOT deadline, and at most longest_pause_ns() after its latest
     // token; INT64_MAX without a deadline.
@@ -187,6 +204,7 @@ class batch_scheduler {
   struct planned {
     seq_id seq;
     int32_t positions;  // positions it holds after the step; equal to computed: kept, not stepped
+    int32_t tokens;     // the tokens it computes (a new one: at most these, whatever the cache held)
   };
   std::vector<const sequence*> keep_order() const;
   // Its prompt alone, on an idle engine by `time`'s model, cannot meet its first-token target.

@@ -19,7 +19,7 @@ bool batch_scheduler::prefill_at_stake(const sequence& s, const step_time_budget
     return false;
   }
   const double line = static_cast<double>(s.spec.arrival) + late_after_targets * static_cast<double>(s.spec.ttft_target_ns);
-  const double left = (static_cast<double>(s.tokens.size()) - s.computed) * time.per_prefill_token;
+  const double left = s.prefill_left() * time.per_prefill_token;
   return static_cast<double>(now) + (2 * time.seconds + left) * 1e9 >= line;
 }
 
@@ -67,8 +67,7 @@ std::vector<batch_scheduler::prefill_pick> batch_scheduler::prefill_order(const 
     const sequence& s = *order[placed[k]];
     if (is_decode(s)) continue;
     const int64_t due = s.next_token_due();
-    const auto left = static_cast<int32_t>(s.tokens.size()) - s.computed;
-    const double seconds = idle_prefill_seconds(left, time, limits_.max_step_tokens);
+    const double seconds = idle_prefill_seconds(s.prefill_left(), time, limits_.max_step_tokens);
     if (due == no_deadline) {
       c.push_back({1, 0, k});
     } else if (limits_.least_slack) {
@@ -140,7 +139,7 @@ bool batch_scheduler::stake_may_go_first(const draft& d, const step_time_budget&
   for (const std::vector<prefill_pick>& tier : d.prefills) {
     for (const prefill_pick& p : tier) {
       const sequence& s = *d.order[p.at];
-      if (prefill_at_stake(s, time, now)) stake += static_cast<double>(s.tokens.size()) - s.computed;
+      if (prefill_at_stake(s, time, now)) stake += s.prefill_left();
     }
   }
   if (stake == 0) return false;
@@ -151,14 +150,14 @@ bool batch_scheduler::stake_may_go_first(const draft& d, const step_time_budget&
     for (const prefill_pick& p : tier) {
       const sequence& s = *d.order[p.at];
       if (prefill_at_stake(s, time, now)) continue;
-      ahead += static_cast<double>(s.tokens.size()) - s.computed;
+      ahead += s.prefill_left();
       if (s.generated > 0 || s.spec.ttft_target_ns <= 0) continue;
       // An infeasible prompt (no deadline to make) by its own late line: twice its idle prefill.
       const double due = p.due != no_deadline ? static_cast<double>(p.due)
                                               : static_cast<double>(s.spec.arrival) +
                                                     late_after_targets * 1e9 *
-                                                        idle_prefill_seconds(static_cast<int32_t>(s.spec.prompt.size()),
-                                                                             time, limits_.max_step_tokens);
+                                                        idle_prefill_seconds(s.uncached_prompt(), time,
+                                                                             limits_.max_step_tokens);
       // A step to spare: the pace is the budget's, and steps run longer or shorter.
       if (done_at(ahead) <= due && done_at(ahead + stake) + time.seconds * 1e9 > due) return false;
     }
@@ -203,8 +202,7 @@ batch_scheduler::step_shape batch_scheduler::shape_step(const std::vector<const 
   for (size_t t = 0; t < prefills.size(); ++t) {
     for (const prefill_pick& p : prefills[t]) {
       const sequence& s = *order[p.at];
-      const double left = static_cast<double>(s.tokens.size()) - s.computed;
-      ahead += left;
+      ahead += s.prefill_left();
       if (s.generated > 0 || p.due == no_deadline) continue;
       const double steps = std::ceil(ahead / pace);
       if (static_cast<double>(now) + steps * time.seconds * 1e9 <= static_cast<double>(p.due)) {
@@ -304,7 +302,7 @@ void batch_scheduler::fill_by_tokens(draft& d) const {
     for (const prefill_pick& p : tier) {
       if (budget <= 0) break;
       const sequence& s = *d.order[p.at];
-      const int32_t n = std::min(static_cast<int32_t>(s.tokens.size()) - s.computed, budget);
+      const int32_t n = std::min(s.prefill_left(), budget);
       d.tokens[p.at] = n;
       budget -= n;
     }
@@ -352,7 +350,7 @@ void batch_scheduler::fill_by_time(draft& d, const step_time_budget& time, int64
   auto place_prefill = [&](size_t i) {
     const sequence& s = *order[i];
     const int32_t fit = time.per_prefill_token > 0 ? static_cast<int32_t>(left / time.per_prefill_token) : budget;
-    const int32_t n = std::min({static_cast<int32_t>(s.tokens.size()) - s.computed - tokens[i], budget,
+    const int32_t n = std::min({s.prefill_left() - tokens[i], budget,
                                 std::max(fit, prefill_floor)});
     if (n <= 0) return;
     tokens[i] += n;
@@ -404,11 +402,13 @@ void batch_scheduler::plan_entries(const draft& d, kv_request& r) {
     kv_entry e;
     e.seq = s.spec.id;
     e.admit = !s.running;
-    e.positions = s.computed + n;
+    // A new sequence holds what the cache is expected to hold and its chunk; a running one
+    // never less than it was granted (more, when the cache held less than expected).
+    e.positions = s.running ? std::max(s.computed + n, s.held_positions) : s.expected_start() + n;
     e.write_from = s.computed;
     e.preemptable = s.preemptions < limits_.max_preemptions;
     if (e.admit) e.prompt = s.tokens;
-    plan_.push_back({e.seq, e.positions});
+    plan_.push_back({e.seq, e.positions, n});
     r.entries.push_back(std::move(e));
   }
 }

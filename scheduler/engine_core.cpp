@@ -33,6 +33,7 @@ void engine_core::add(sequence_spec spec, std::vector<std::string> degradations)
   info.degradations = std::move(degradations);
   info.priority = spec.priority;
   info.prompt_tokens = static_cast<int32_t>(spec.prompt.size());
+  info.expected_cached = spec.expected_cached;
   info.arrival_ns = static_cast<int64_t>(spec.arrival);
   info.ttft_target_ms = spec.ttft_target_ns / 1'000'000;
   requests_[id] = std::move(info);
@@ -135,7 +136,7 @@ engine_core::granted_step engine_core::granted(const kv_reply& reply, int64_t no
   for (const sequence_step& s : g.batch.seqs) {
     batch_.push_back(s.seq_id);
     auto it = requests_.find(s.seq_id);
-    if (it != requests_.end() && it->second.scheduled_ns < 0) it->second.scheduled_ns = now;
+    if (it != requests_.end() && it->second.scheduled_ns < 0) started(s.seq_id, it->second, now);
     if (s.tokens.size() == 1) {
       ++shape_.decode_seqs;
       shape_.decode_context += s.start_pos + 1;
@@ -162,6 +163,17 @@ engine_core::granted_step engine_core::granted(const kv_reply& reply, int64_t no
   g.propose_again = changed_ || started || replan;
   if (!g.propose_again && core_.has_work()) g.wake_at = core_.wake_at(now, budget());
   return g;
+}
+
+// Its first placement. Admission judged it by the prefix it expected cached; when the pool held
+// less (evicted meanwhile) and the rest cannot meet its target, its outcome says so.
+void engine_core::started(seq_id id, request_info& info, int64_t now) {
+  info.scheduled_ns = now;
+  const int32_t found = core_.cached_tokens(id);
+  if (found >= info.expected_cached || !core_.infeasible(id, budget())) return;
+  info.degradations.push_back(fmt::format("{} of its {} prompt tokens were expected in the prefix cache and {} were "
+                                          "found: it cannot start within its tier's {} ms",
+                                          info.expected_cached, info.prompt_tokens, found, info.ttft_target_ms));
 }
 
 void engine_core::observe_step(double seconds) {

@@ -123,6 +123,7 @@ class engine_core {
   struct request_info {
     std::vector<std::string> degradations;
     int32_t priority = 0, prompt_tokens = 0;
+    int32_t expected_cached = 0;  // of the prompt, expected in the prefix cache (sequence_spec)
     int64_t arrival_ns = 0;
     int64_t ttft_target_ms = 0;
     int64_t scheduled_ns = -1;
@@ -133,6 +134,7 @@ class engine_core {
   void refuse_late(int64_t now);
   void fail_unplaceable(const kv_reply& reply);
   void deliver(std::vector<scheduler_event> events, int64_t now);
+  void started(seq_id id, request_info& info, int64_t now);
   void observe_step(double seconds);
 
   engine_options o_;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <numeric>
 #include <random>
 
 #include "tests/scheduler/admission_test_support.hpp"
@@ -190,6 +191,46 @@ TEST(admission_control, an_infeasible_prompt_says_so_and_is_refused_with_a_split
   d = arrive(fresh, 4, "", "t", 0, 200);
   ASSERT_TRUE(d.admitted);
   EXPECT_TRUE(d.degradations.empty());
+}
+
+// An agent's 2000-token prompt whose first 1984 tokens (its system prompt) were sent to the
+// engine before: the prefix cache is expected to hold them, so it is judged by the rest, and
+// the engine is told what to expect. A prompt the index has not seen is judged whole.
+TEST(admission_control, a_prompt_whose_long_prefix_was_sent_before_is_judged_by_the_rest) {
+  const std::vector<tier_settings> tiers = {tier("gold", 2, 600ms, false), tier("t", 1, 600ms)};
+  admission_control c(admission_policy::tireless, {}, tiers, {});
+  c.index_prefixes(16, 1000);
+  c.observe(busy_engine(0));
+  std::vector<token_id> system(1984);
+  std::iota(system.begin(), system.end(), 1000);
+  auto agent = [&](token_id question) {
+    std::vector<token_id> p = system;
+    for (token_id k = 0; k < 16; ++k) p.push_back(question + k);
+    return p;
+  };
+  auto arrive_with = [&](uint64_t id, const std::vector<token_id>& prompt) {
+    arrival a{id, "", "gold", static_cast<int32_t>(prompt.size()), 100, 0};
+    a.prompt = prompt;
+    return c.arrive(a);
+  };
+  const std::vector<token_id> first = agent(1), second = agent(100);
+  admission_decision d = arrive_with(1, first);
+  ASSERT_TRUE(d.admitted);
+  EXPECT_EQ(d.cached_tokens, 0);
+  ASSERT_EQ(d.degradations.size(), 1u) << "nothing sent before: ~2 s alone against 600 ms";
+  d = arrive_with(2, second);
+  ASSERT_TRUE(d.admitted);
+  EXPECT_EQ(d.cached_tokens, 1984);
+  EXPECT_TRUE(d.degradations.empty()) << d.degradations[0];
+  // Without an index (a server without prefix caching), the same prompt is judged whole.
+  admission_control whole(admission_policy::tireless, {}, tiers, {});
+  whole.observe(busy_engine(0));
+  arrival a{3, "", "gold", static_cast<int32_t>(second.size()), 100, 0};
+  a.prompt = second;
+  d = whole.arrive(a);
+  ASSERT_TRUE(d.admitted);
+  EXPECT_EQ(d.cached_tokens, 0);
+  EXPECT_EQ(d.degradations.size(), 1u);
 }
 
 TEST(admission_control, an_admitted_request_that_can_no_longer_start_in_time_is_refused_before_any_work) {

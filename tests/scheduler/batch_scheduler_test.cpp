@@ -14,9 +14,9 @@ namespace {
 // plan_kv, finalize, commit) and samples token 7 for every sequence that samples.
 class stepper {
  public:
-  explicit stepper(scheduler_limits limits, int32_t n_blocks = 256)
+  explicit stepper(scheduler_limits limits, int32_t n_blocks = 256, bool prefix_caching = false)
       : limits_(limits), core_(limits), blocks_({.n_blocks = n_blocks, .block_size = limits.block_size,
-                                                  .prefix_caching = false, .watermark_blocks = 0}) {}
+                                                  .prefix_caching = prefix_caching, .watermark_blocks = 0}) {}
 
   // Deadlines (ms) make it arrive now (or `arrived_ms_ago`), on the stepper's clock; without
   // them it arrives in id order.
@@ -31,6 +31,19 @@ class stepper {
     s.prompt.resize(static_cast<size_t>(prompt_tokens));
     std::iota(s.prompt.begin(), s.prompt.end(), static_cast<token_id>(100 * id));
     s.max_tokens = max_tokens;
+    core_.add(std::move(s));
+  }
+  // A request arriving now with this prompt, a 500 ms first-token target, and expected_cached
+  // of its prompt expected in the prefix cache.
+  void add_prompt(seq_id id, std::vector<token_id> prompt, int32_t expected_cached) {
+    sequence_spec s;
+    s.id = id;
+    s.priority = 2;
+    s.arrival = static_cast<uint64_t>(now_);
+    s.ttft_target_ns = 500'000'000;
+    s.prompt = std::move(prompt);
+    s.max_tokens = 2;
+    s.expected_cached = expected_cached;
     core_.add(std::move(s));
   }
 
@@ -501,6 +514,57 @@ TEST(batch_scheduler, a_start_bound_counts_the_steps_a_prompt_shares_with_the_de
   const auto wake = s.core().wake_at(s.now(), fifty_ms_steps());
   ASSERT_TRUE(wake.has_value());
   EXPECT_LE(*wake, s.now() + 50'000'000) << "woken while the higher one can still start in time";
+}
+
+// An agent's 9008-token prompt whose first 8992 tokens (its system prompt) an earlier request
+// left in the prefix cache: ~0.9 s of prefill whole, 16 tokens of it expected to compute. It
+// is feasible, goes by its deadline, and computes only the rest; the same prompt expected
+// uncached is infeasible and goes after a later feasible one.
+TEST(batch_scheduler, a_prompt_whose_prefix_is_expected_cached_is_judged_and_planned_by_the_rest) {
+  stepper s({.max_step_tokens = 4096, .max_step_seqs = 32, .max_context = 16384}, 2048, true);
+  std::vector<token_id> system(8992);
+  std::iota(system.begin(), system.end(), 1000);
+  auto agent = [&](token_id question) {
+    std::vector<token_id> p = system;
+    for (token_id k = 0; k < 16; ++k) p.push_back(question + k);
+    return p;
+  };
+  s.add_prompt(1, agent(1), 0);
+  for (int i = 0; i < 100 && s.finished().empty(); ++i) s.run(fifty_ms_steps());
+  ASSERT_EQ(s.finished(), std::vector<seq_id>{1});
+
+  s.add_prompt(2, agent(100), 8992);
+  s.add(3, 2, 3000, 2, 500);  // later in line: ~0.3 s of prefill
+  sequence_counts c = s.core().counts(fifty_ms_steps());
+  EXPECT_EQ(c.tiers[0].later_tokens, 0) << "judged infeasible by its whole length";
+  EXPECT_EQ(c.tiers[0].prompt_tokens, 16 + 3000);
+  auto step = s.run(fifty_ms_steps());
+  EXPECT_EQ(step[2], 16) << "it computes only what the cache does not hold";
+  EXPECT_EQ(s.token_times(2).size(), 1u) << "its first token in the first step";
+  EXPECT_EQ(s.core().cached_tokens(2), 8992);
+
+  // Expected uncached: infeasible, after the feasible prompt that arrived after it.
+  s.add_prompt(4, agent(200), 0);
+  s.add(5, 2, 3000, 2, 500);
+  c = s.core().counts(fifty_ms_steps());
+  EXPECT_EQ(c.tiers[0].later_tokens, 9008);
+  step = s.run(fifty_ms_steps());
+  EXPECT_GT(step[5], 0);
+  EXPECT_EQ(step.count(4), 0u) << "the infeasible prompt went before a feasible one";
+}
+
+// An expectation the pool does not meet (the prefix was evicted): the new sequence computes
+// no more than its step planned for it, then goes on by what it really holds.
+TEST(batch_scheduler, a_prefix_expected_cached_but_not_there_costs_no_more_than_the_step_planned) {
+  stepper s({.max_step_tokens = 4096, .max_step_seqs = 32, .max_context = 16384}, 2048, true);
+  std::vector<token_id> prompt(9008);
+  std::iota(prompt.begin(), prompt.end(), 1000);
+  s.add_prompt(1, prompt, 8992);
+  auto step = s.run(fifty_ms_steps());
+  EXPECT_EQ(step[1], 16) << "planned for the 16 tokens it was expected to compute";
+  EXPECT_EQ(s.core().counts(fifty_ms_steps()).tiers[0].later_tokens, 8992) << "now judged by what it holds";
+  for (int i = 0; i < 100 && s.finished().empty(); ++i) s.run(fifty_ms_steps());
+  EXPECT_EQ(s.finished(), std::vector<seq_id>{1});
 }
 
 TEST(batch_scheduler, counts_give_each_priority_its_decodes_and_its_prompt_work_due_before_and_after_a_newcomer) {

@@ -28,6 +28,7 @@ class engine_loop {
     s.max_tokens = max_tokens;
     s.sampling = sampling;
     s.token_window = token_window;
+    s.expected_cached = expected_cached;
     s.ttft_target_ns = ttft_ms * 1'000'000;
     if (start_within_ms > 0) s.start_by = now_ + start_within_ms * 1'000'000;
     core_.add(std::move(s), std::move(degradations));
@@ -111,6 +112,7 @@ class engine_loop {
   sampling_params sampling;  // of the requests add() makes
   int32_t token_window = 0;  // likewise: tokens it may emit before the client acknowledges
   bool same_prompts = false;  // add() gives every request the same prompt
+  int32_t expected_cached = 0;  // of the prompts add() makes, expected in the prefix cache
 
  private:
   void collect() {
@@ -398,6 +400,35 @@ TEST(credit_ledger, a_higher_priority_has_credit_while_a_lower_one_is_out_of_it)
   c.received_by_priority[1] = 2;     // the engine received them, and they run
   room.update(c);
   EXPECT_TRUE(room.has_credit(1));
+}
+
+// 1 ms + 0.1 ms a prompt token a step, 64 tokens a step: a 200-token prompt takes ~25 ms
+// alone, 4 uncached tokens ~1.4 ms, against a 10 ms target.
+TEST(engine_core, a_request_that_finds_less_of_its_prefix_cached_than_expected_says_so_when_it_cannot_start_in_time) {
+  engine_options timed = small_engine();
+  timed.step_time_target_seconds = 0.05;  // a time budget: its step model judges feasibility
+  engine_loop evicted(timed, 256);
+  evicted.expected_cached = 196;
+  evicted.add(1, 200, 2, 10);
+  evicted.run();
+  ASSERT_EQ(evicted.ended(1), 1);
+  const outcome& o = evicted.outcomes().at(1);
+  ASSERT_EQ(o.degradations.size(), 1u);
+  EXPECT_NE(o.degradations[0].find("196 of its 200 prompt tokens were expected in the prefix cache and 0 were found: it "
+                                   "cannot start within its tier's 10 ms"),
+            std::string::npos)
+      << o.degradations[0];
+
+  engine_loop cached(timed, 256, true);
+  cached.same_prompts = true;
+  cached.add(1, 200, 2);
+  cached.run();
+  cached.expected_cached = 196;
+  cached.add(2, 200, 2, 10);
+  cached.run();
+  ASSERT_EQ(cached.ended(2), 1);
+  EXPECT_EQ(cached.outcomes().at(2).cached_prompt_tokens, 196);
+  EXPECT_TRUE(cached.outcomes().at(2).degradations.empty()) << cached.outcomes().at(2).degradations[0];
 }
 
 TEST(engine_core, credits_say_how_much_of_a_tiers_prompts_the_prefix_cache_held) {
