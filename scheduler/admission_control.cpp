@@ -330,10 +330,9 @@ std::optional<admission_decision> admission_control::judge_by_forecast(const arr
   const bool reserved = holds_reservation(a);
   const double ttft = forecast(ts.name, a.prompt_tokens, 0, false, 0, a.cached_tokens).seconds;
   // Infeasible: its own prefill (of what the prefix cache is not expected to hold), on an idle
-  // engine, takes longer than the target. It is
-  // judged by the wait ahead of it (the target is out of reach whatever the load) and by
-  // what it costs the tiers below it (their requests wait behind it), served after the
-  // feasible requests of its tier, and its outcome says so.
+  // engine, takes longer than the target. It is judged by the wait ahead of it (the target is
+  // out of reach whatever the load) and by what it costs the tiers below it (their requests
+  // wait behind it), served after the feasible requests of its tier, and its outcome says so.
   const double idle = idle_prefill(uncached_tokens(a));
   const bool infeasible = target > 0 && idle > target;
   if (promise && !infeasible) {  // an arrival (not a question about one) that can be on time: the tier's load
