@@ -100,6 +100,13 @@ class Nginx:
                     text += f.read()
         return text[-2000:]
 
+    def upstream_errors(self, upstream):
+        """nginx's [error] lines about one upstream ("127.0.0.1:PORT")."""
+        if not os.path.exists(self.error_log):
+            return []
+        with open(self.error_log, errors="replace") as f:
+            return [line.strip() for line in f if "[error]" in line and f'upstream: "http://{upstream}/' in line]
+
     def requests(self):
         """The access log: (start, end, final status, [(upstream, status)]) per request."""
         out = []
@@ -262,6 +269,11 @@ def check_results(out, nginx, ports, kill_at, restart_at, back_at, in_flight, rc
     h.check(not bad, f"requests while replica-b was down that did not end at replica-a with an answer or a "
                      f"refusal: {bad[:5]}")
     rerouted = sum(1 for r in down if len(r[3]) > 1)
+    # The replica never killed never fails a request nginx sends it: such an error (a request
+    # written onto a keep-alive connection the replica was closing) takes it out for fail_timeout.
+    survivor_errors = nginx.upstream_errors(a)
+    h.check(not survivor_errors, f"nginx saw {len(survivor_errors)} errors from replica-a, which was never "
+                                 f"killed: {survivor_errors[:3]}")
     errors_5xx = [r for r in log if r[2] >= 500]
     h.check(not errors_5xx, f"nginx answered {len(errors_5xx)} requests with a 5xx: {errors_5xx[:5]}")
     after = [r for r in log if r[0] > back_at and r[3][-1][0] == b and r[2] == 200]
