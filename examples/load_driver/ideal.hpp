@@ -2,8 +2,9 @@
 // What an ideal engine could have done for the top tier: the most of its requests that could
 // have had their first token within the tier's target together, given only the tier's own
 // prompts. The engine is the tier's alone (no other tier, no decode, no per-step overhead: a
-// shared step pays it once), each prompt takes its prefill work on an idle engine, and a
-// stall of the machine (an expert group's failure detection) blocks it. So it is an upper
+// shared step pays it once), each prompt takes its prefill work on an idle engine less what a
+// prefix cache holding every earlier prompt would hold (runner.cpp), and a stall of the machine
+// (an expert group's failure detection) blocks it. So it is an upper
 // bound of what any scheduler could put on time: a miss outside this set is the scheduler's,
 // one inside it was forced by the tier's own burst.
 //

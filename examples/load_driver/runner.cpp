@@ -6,6 +6,7 @@
 #include <chrono>
 #include <memory>
 #include <queue>
+#include <set>
 
 namespace tireless::load {
 
@@ -198,10 +199,16 @@ run_result run_open_loop(target& t, const scenario& s, admission_policy policy, 
   st->records.resize(plan.size());
   st->max_retries = s.retries;
   st->retries_until = out.measure_to_s + s.drain_seconds();
+  // The ideal engine's prefix cache holds every prompt sent before: a class's system prompt is
+  // computed once, by its first request.
+  std::set<int32_t> prefix_sent;
   for (size_t i = 0; i < plan.size(); ++i) {
-    st->records[i].plan = plan[i];
-    st->records[i].idle_ttft_s = t.idle_first_token_s(plan[i].prompt_tokens, plan[i].arrival_s);
-    st->records[i].idle_work_s = t.idle_prefill_work_s(plan[i].prompt_tokens, plan[i].arrival_s);
+    const planned_request& p = plan[i];
+    st->records[i].plan = p;
+    st->records[i].idle_ttft_s = t.idle_first_token_s(p.prompt_tokens, p.arrival_s);
+    const bool sent = p.system_tokens > 0 && !prefix_sent.insert(p.cls).second;
+    const int32_t cached = sent ? t.cacheable_tokens(p.system_tokens) : 0;
+    st->records[i].idle_work_s = t.idle_prefill_work_s(p.prompt_tokens, cached, p.arrival_s);
   }
   out.stalls = t.stalls();
 

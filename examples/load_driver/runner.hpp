@@ -26,7 +26,9 @@ struct request_record {
   double ttft_ms = -1, total_ms = 0;
   double longest_pause_ms = 0;  // between two of its tokens (outcome::longest_pause_ms)
   double idle_ttft_s = 0;  // its first token on an idle engine (target::idle_first_token_s); NaN: not known
-  double idle_work_s = 0;  // that prefill less its steps' fixed cost (target::idle_prefill_work_s); NaN: not known
+  // That prefill less its steps' fixed cost and what an ideal prefix cache holds (an earlier
+  // request's system prompt; target::idle_prefill_work_s); NaN: not known.
+  double idle_work_s = 0;
   // A client's retry (run_result::retries): its request's first try in run_result::records and
   // which retry it is (1, 2, ...); -1 and 0 for a first try.
   int64_t first_try = -1;

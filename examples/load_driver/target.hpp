@@ -68,8 +68,12 @@ class target {
   // in the run it arrives (a target with faults over time counts those in force then).
   virtual double idle_first_token_s(int32_t prompt_tokens, double at_s) const;
   // The same prefill's work less the fixed cost of its steps (which prompts sharing a step pay
-  // once): what an ideal engine spends on it (ideal.hpp); NaN when the target has no model.
-  virtual double idle_prefill_work_s(int32_t prompt_tokens, double at_s) const;
+  // once), its first `cached_tokens` already in the prefix cache: what an ideal engine spends on
+  // it (ideal.hpp); NaN when the target has no model.
+  virtual double idle_prefill_work_s(int32_t prompt_tokens, int32_t cached_tokens, double at_s) const;
+  // Of a prefix this many tokens long that an earlier prompt sent too, how many the target's
+  // prefix cache can hold for the next (whole KV blocks); 0 where it caches none or is not known.
+  virtual int32_t cacheable_tokens(int32_t /*shared_prefix_tokens*/) const { return 0; }
   // [from, to) spans of a run's time in which the target computes nothing (an expert group's
   // failure detection and re-run); empty where it has none.
   virtual std::vector<std::pair<double, double>> stalls() const { return {}; }

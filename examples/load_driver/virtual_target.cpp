@@ -78,8 +78,12 @@ class virtual_target final : public target {
 
   // At at_s of a run: under the expert group's faults in force then.
   double idle_first_token_s(int32_t prompt_tokens, double at_s) const override { return prefill_s(prompt_tokens, at_s, 0); }
-  double idle_prefill_work_s(int32_t prompt_tokens, double at_s) const override {
-    return prefill_s(prompt_tokens, at_s, profile_.cost.c0);
+  double idle_prefill_work_s(int32_t prompt_tokens, int32_t cached_tokens, double at_s) const override {
+    return prefill_s(prompt_tokens, at_s, profile_.cost.c0, cached_tokens);
+  }
+  int32_t cacheable_tokens(int32_t shared_prefix_tokens) const override {
+    const int32_t block = std::max(s_.config.kv.block_size, 1);
+    return s_.config.kv.prefix_caching ? shared_prefix_tokens / block * block : 0;
   }
   std::vector<std::pair<double, double>> stalls() const override {
     std::vector<std::pair<double, double>> out;
@@ -113,13 +117,13 @@ class virtual_target final : public target {
 
  private:
   // The steps of a prompt's prefill alone, under the expert group's faults in force at at_s:
-  // chunks of max_step_tokens, each attending the positions before it (the last one samples
-  // the first token), each less `fixed` seconds.
-  double prefill_s(int32_t prompt_tokens, double at_s, double fixed) const {
+  // chunks of max_step_tokens from its first position not cached, each attending the positions
+  // before it (the last one samples the first token), each less `fixed` seconds.
+  double prefill_s(int32_t prompt_tokens, double at_s, double fixed, int32_t cached = 0) const {
     const sim::expert_condition condition = sim::condition_at(events_, profile_.ep.degree, at_s);
     const int64_t chunk = std::max(s_.config.engine.max_step_tokens, 1);
     double seconds = 0;
-    for (int64_t at = 0; at < prompt_tokens; at += chunk) {
+    for (int64_t at = std::min(std::max(cached, 0), std::max(prompt_tokens - 1, 0)); at < prompt_tokens; at += chunk) {
       const int64_t n = std::min<int64_t>(chunk, prompt_tokens - at);
       sim::step_shape shape;
       shape.prefill_tokens = n;
@@ -138,7 +142,7 @@ class virtual_target final : public target {
 }  // namespace
 
 double target::idle_first_token_s(int32_t, double) const { return std::numeric_limits<double>::quiet_NaN(); }
-double target::idle_prefill_work_s(int32_t, double) const { return std::numeric_limits<double>::quiet_NaN(); }
+double target::idle_prefill_work_s(int32_t, int32_t, double) const { return std::numeric_limits<double>::quiet_NaN(); }
 
 std::unique_ptr<target> make_virtual_target(const scenario& s) { return std::make_unique<virtual_target>(s); }
 
