@@ -397,10 +397,13 @@ std::optional<admission_decision> admission_control::judge_by_forecast(const arr
 // above would hold its first token past its start bound (default 2x its target) or
 // max_queue_wait, it is refused now, with a retry hint, rather than served late with the
 // others. And when the tier's offered prompts that can be on time (less what the prefix
-// cache holds; infeasible ones go after them), at the pace its own work gets, would need
-// more than the whole engine (the tier alone is over the capacity: some of it must miss),
-// a feasible one is refused once it would miss its target, so that those admitted meet
-// theirs (h200-premium-heavy short form at 3x: 42.7% -> 55.2% of premium on time).
+// cache holds; infeasible ones go after them), at the pace its own work would get on an
+// engine of its own and its decodes, would need more than the whole engine (the tier alone is
+// over the capacity: some of it must miss), a feasible one is refused once it would miss its
+// target, so that those admitted meet theirs (h200-premium-heavy short form at 3x: 42.7% ->
+// 55.2% of premium on time). The lower tiers' decodes do not count there: they are the
+// tiers' to shed (at the pace left beside them, premium-heavy at 1x read as over: 98.1% ->
+// 98.7% on time without them).
 // idle: an infeasible prompt's own prefill on an idle engine (0 for a feasible one).
 std::optional<admission_decision> admission_control::hold_start_bound(const arrival& a, const tier_state& tier,
                                                                       double idle, bool promise) {
@@ -411,7 +414,7 @@ std::optional<admission_decision> admission_control::hold_start_bound(const arri
                              std::chrono::duration<double>(ts.start_bound()).count());
   const first_token_forecast own = forecast(ts.name, a.prompt_tokens, 0, true, 0, a.cached_tokens);
   const bool over =
-      !infeasible && tier.offered.at(a.now_ns, observing_since_ns_) * uncached_share(ts.priority) * own.seconds_per_token > 1.0;
+      !infeasible && tier.offered.at(a.now_ns, observing_since_ns_) * uncached_share(ts.priority) * own.seconds_per_token_alone > 1.0;
   if (over) max_wait = std::min(max_wait, target);
   if (max_wait <= 0 || own.seconds - idle <= max_wait) return std::nullopt;
   return refuse_overloaded(ts, a, max_wait, promise, true, [&](int64_t hint) {

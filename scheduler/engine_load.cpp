@@ -65,6 +65,13 @@ first_token_forecast forecast_first_token(const engine_load& l, const work_ahead
   first_token_forecast f;
   f.seconds = actual * (full * step + (rest > 0 ? (c0 + decode_seconds + rest * per_prefill) / (1 - lower_share) : 0.0));
   f.seconds_per_token = actual * step / per_step;
+  if (l.step_seconds > 0) {
+    const double alone = std::clamp((l.step_seconds - c0 - decode_seconds) / per_prefill,
+                                    static_cast<double>(min_step_prefill_tokens), most);
+    f.seconds_per_token_alone = actual * std::max(l.step_seconds, c0 + decode_seconds + alone * per_prefill) / alone;
+  } else {
+    f.seconds_per_token_alone = f.seconds_per_token;
+  }
   f.decode_share = step > 0 ? std::min(decode_seconds / step, 1.0) : 0.0;
   // No room in the batch: it also waits for requests to finish.
   const double excess = (w.lower_tiers_yield ? running_here : l.running()) + w.requests + w.returns + 1.0 - max_seqs;

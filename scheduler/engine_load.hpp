@@ -76,6 +76,9 @@ struct work_ahead {
 struct first_token_forecast {
   double seconds = 0;            // from now to the first token
   double seconds_per_token = 0;  // of prompt work at this priority's pace (for work arriving meanwhile)
+  // The same were the lower tiers' decodes not there (none running, none yielding to it): the
+  // pace of the priority's prompts on an engine of its own and its decodes.
+  double seconds_per_token_alone = 0;
   double decode_share = 0;       // of each step's time, what the decodes charged to it take
 };
 

@@ -39,6 +39,8 @@ TEST(engine_load, a_lower_tiers_decodes_cost_a_tier_that_is_never_shed_only_thei
       forecast_first_token(h200_like(), {.priority = 2, .prompt_tokens = 2000, .lower_tiers_yield = true});
   EXPECT_NEAR(own.seconds, 5 * 0.050 + (0.005 + 125 * 0.0001) / 0.85, 1e-9);
   EXPECT_NEAR(own.seconds_per_token, 0.050 / 375, 1e-12);
+  // Were the free decodes not there: 45 ms of a step for prefill, 450 tokens.
+  EXPECT_NEAR(own.seconds_per_token_alone, 0.050 / 450, 1e-12);
   // Charged to every step: 30 ms of decodes leave 150 tokens a step; 13 steps and 50 tokens.
   const first_token_forecast all = forecast_first_token(h200_like(), {.priority = 2, .prompt_tokens = 2000});
   EXPECT_NEAR(all.seconds, 13 * 0.050 + (0.005 + 0.030 + 50 * 0.0001), 1e-9);
