@@ -459,39 +459,25 @@ TEST(admission_control, a_tier_that_is_never_shed_and_alone_over_the_capacity_is
 }
 
 // Whether a tier that is never shed is over the capacity is judged by its own work alone: the
-// lower tiers' decodes, which take a quarter of the engine at their TPOT, are theirs to shed.
+// lower tier's decodes, which take 22.5% of the engine at their TPOT, are theirs to shed.
 TEST(admission_control, a_tier_never_shed_is_over_the_capacity_by_its_own_work_not_the_lower_tiers_decodes) {
-  // Steps of 10 ms + 1 ms a prompt token + 1 ms a decode, a 100-ms budget: gold alone
-  // prefills 90 tokens a step (900 a second); beside tier t's 100 decodes (a token each per
-  // 400 ms: 25% of the engine), 65.
-  engine_load l;
-  l.step_model = {0.010, 0.001, 0.001, 0.0};
-  l.step_observations = 100;
-  l.max_step_tokens = 512;
-  l.max_step_seqs = 256;
-  l.step_seconds = 0.1;
-  l.finished_per_second = 10;
-  tier_load decoding;
-  decoding.priority = 1;
-  decoding.running = decoding.decodes = 100;
-  decoding.tpot_seconds = 0.4;
-  l.tiers = {decoding};
-  // Gold offers 800-token prompts at 750 tokens a second (under its 900 alone, over the 650
-  // left beside the decodes), or at 1230 (over both).
+  // Alone, gold prefills 450 tokens a 50-ms step (9,000 a second); beside the decodes, 337.5
+  // (6,750). It offers 800-token prompts at 7,800 tokens a second (over only the second), or
+  // at 11,000 (over both).
   for (const bool over : {false, true}) {
-    const std::vector<tier_settings> tiers = {tier("gold", 2, 1000ms, false), tier("t", 1, 5000ms)};
+    const std::vector<tier_settings> tiers = {tier("gold", 2, 1000ms, false), tier("free", 1, 5000ms)};
     admission_control c(admission_policy::tireless, {}, tiers, {});
-    c.observe(l);
-    const int64_t every = over ? 650'000'000 : 1'066'666'667;
+    c.observe(lower_tier_decoding());
+    const int64_t every = over ? 72'727'273 : 102'564'103;
     int64_t t = 0;
     for (uint64_t id = 1; id <= 100; ++id, t += every) {
-      c.arrive({id, "", "gold", 800, 10, t});  // each one alone: ~1.2 s at 65 tokens a step
+      c.arrive({id, "", "gold", 800, 10, t});
       c.next();  // released: nothing queued here
     }
-    // 200 tokens of gold wait in the engine: ~1.5 s for the next, past its target, within its
-    // start bound.
-    engine_load busy = l;
-    busy.tiers = {waiting_at(2, 1, 200), decoding};
+    // 9,000 tokens of gold wait in the engine: ~1.45 s for the next, past its target, within
+    // its start bound.
+    engine_load busy = lower_tier_decoding();
+    busy.tiers.insert(busy.tiers.begin(), waiting_at(2, 1, 9000));
     c.observe(busy);
     const double own = c.predicted_ttft("gold", 800, 0, true);
     ASSERT_GT(own, 1.0);
