@@ -429,65 +429,49 @@ TEST(admission_control, a_tier_whose_prompts_the_prefix_cache_holds_is_predicted
   EXPECT_NEAR(warm.predicted_ttft("gold", 2000), 2 * 0.522 + 0.486, 1e-9);
 }
 
-TEST(admission_control, a_tier_that_is_never_shed_and_alone_over_the_capacity_is_refused_once_it_would_miss_its_target) {
-  // Gold (target 1 s, start bound 2 s) offers prompts at ~1.25 times what the engine prefills
-  // (an 800-token prompt every 0.65 s against ~980 tokens a second), or at a quarter of it.
-  for (const bool over : {false, true}) {
-    const std::vector<tier_settings> tiers = {tier("gold", 2, 1000ms, false)};
-    admission_control c(admission_policy::tireless, {}, tiers, {});
-    c.observe(busy_engine(0));
-    const int64_t every = over ? 650'000'000 : 3'000'000'000;
-    int64_t t = 0;
-    for (uint64_t id = 1; id <= 100; ++id, t += every) {
-      c.arrive({id, "", "gold", 800, 10, t});
-      c.next();  // released: nothing queued here
-    }
-    // Now 500 tokens of gold wait in the engine: 1.3 s for the next, past its target, within
-    // its start bound.
-    engine_load l = busy_engine(0);
-    l.tiers = {waiting_at(2, 2, 500)};
-    c.observe(l);
-    const double own = c.predicted_ttft("gold", 800, 0, true);
-    ASSERT_GT(own, 1.0);
-    ASSERT_LT(own, 2.0);
-    const admission_decision d = c.arrive({1000, "", "gold", 800, 10, t});
-    EXPECT_EQ(d.admitted, !over) << (over ? "over its capacity: refused once it would miss its target" : d.message);
-    if (over) {
-      EXPECT_NE(d.message.find("more than the server's whole capacity"), std::string::npos) << d.message;
-    }
+// Gold (target 1 s, start bound 2 s, never shed) offers 800-token prompts every `every` ns on
+// `engine`, then finds `waiting` tokens of its own waiting there: its next prompt's own forecast
+// is past its target and within its start bound. Admitted unless gold is over the capacity;
+// then refused, and told why.
+void expect_refused_only_when_over(const std::vector<tier_settings>& tiers, const engine_load& engine, int64_t every,
+                                   int64_t waiting, bool over) {
+  admission_control c(admission_policy::tireless, {}, tiers, {});
+  c.observe(engine);
+  int64_t t = 0;
+  for (uint64_t id = 1; id <= 100; ++id, t += every) {
+    c.arrive({id, "", "gold", 800, 10, t});
+    c.next();  // released: nothing queued here
   }
+  engine_load busy = engine;
+  busy.tiers.insert(busy.tiers.begin(), waiting_at(2, 1, waiting));
+  c.observe(busy);
+  const double own = c.predicted_ttft("gold", 800, 0, true);
+  ASSERT_GT(own, 1.0);
+  ASSERT_LT(own, 2.0);
+  const admission_decision d = c.arrive({1000, "", "gold", 800, 10, t});
+  EXPECT_EQ(d.admitted, !over) << (over ? "over its capacity: refused once it would miss its target" : d.message);
+  if (over) {
+    EXPECT_NE(d.message.find("more than the server's whole capacity"), std::string::npos) << d.message;
+  }
+}
+
+TEST(admission_control, a_tier_that_is_never_shed_and_alone_over_the_capacity_is_refused_once_it_would_miss_its_target) {
+  // ~980 prompt tokens a second: an 800-token prompt every 0.65 s is ~1.25 times it, every 3 s
+  // a quarter. 500 tokens waiting: 1.3 s for the next.
+  const std::vector<tier_settings> tiers = {tier("gold", 2, 1000ms, false)};
+  expect_refused_only_when_over(tiers, busy_engine(0), 3'000'000'000, 500, false);
+  expect_refused_only_when_over(tiers, busy_engine(0), 650'000'000, 500, true);
 }
 
 // Whether a tier that is never shed is over the capacity is judged by its own work alone: the
 // lower tier's decodes, which take 22.5% of the engine at their TPOT, are theirs to shed.
 TEST(admission_control, a_tier_never_shed_is_over_the_capacity_by_its_own_work_not_the_lower_tiers_decodes) {
   // Alone, gold prefills 450 tokens a 50-ms step (9,000 a second); beside the decodes, 337.5
-  // (6,750). It offers 800-token prompts at 7,800 tokens a second (over only the second), or
-  // at 11,000 (over both).
-  for (const bool over : {false, true}) {
-    const std::vector<tier_settings> tiers = {tier("gold", 2, 1000ms, false), tier("free", 1, 5000ms)};
-    admission_control c(admission_policy::tireless, {}, tiers, {});
-    c.observe(lower_tier_decoding());
-    const int64_t every = over ? 72'727'273 : 102'564'103;
-    int64_t t = 0;
-    for (uint64_t id = 1; id <= 100; ++id, t += every) {
-      c.arrive({id, "", "gold", 800, 10, t});
-      c.next();  // released: nothing queued here
-    }
-    // 9,000 tokens of gold wait in the engine: ~1.45 s for the next, past its target, within
-    // its start bound.
-    engine_load busy = lower_tier_decoding();
-    busy.tiers.insert(busy.tiers.begin(), waiting_at(2, 1, 9000));
-    c.observe(busy);
-    const double own = c.predicted_ttft("gold", 800, 0, true);
-    ASSERT_GT(own, 1.0);
-    ASSERT_LT(own, 2.0);
-    const admission_decision d = c.arrive({1000, "", "gold", 800, 10, t});
-    EXPECT_EQ(d.admitted, !over) << (over ? "over the engine alone: refused once it would miss its target" : d.message);
-    if (over) {
-      EXPECT_NE(d.message.find("more than the server's whole capacity"), std::string::npos) << d.message;
-    }
-  }
+  // (6,750). 800-token prompts at 7,800 tokens a second are over only the second; at 11,000,
+  // over both. 9,000 tokens waiting: ~1.45 s for the next.
+  const std::vector<tier_settings> tiers = {tier("gold", 2, 1000ms, false), tier("free", 1, 5000ms)};
+  expect_refused_only_when_over(tiers, lower_tier_decoding(), 102'564'103, 9000, false);
+  expect_refused_only_when_over(tiers, lower_tier_decoding(), 72'727'273, 9000, true);
 }
 
 TEST(admission_control, each_degradation_level_applies_and_is_reported) {
