@@ -401,9 +401,9 @@ std::optional<admission_decision> admission_control::judge_by_forecast(const arr
 // engine of its own and its decodes, would need more than the whole engine (the tier alone is
 // over the capacity: some of it must miss), a feasible one is refused once it would miss its
 // target, so that those admitted meet theirs (h200-premium-heavy short form at 3x: 42.7% ->
-// 55.2% of premium on time). The lower tiers' decodes do not count there: they are the
-// tiers' to shed (at the pace left beside them, premium-heavy at 1x read as over: 98.1% ->
-// 98.7% on time without them).
+// 55.2% of premium on time). The lower tiers' decodes do not count there: their tiers are
+// shed first (priced at the pace left beside them, premium-heavy at 1x read as over: 98.1%
+// -> 98.7% of premium on time without them).
 // idle: an infeasible prompt's own prefill on an idle engine (0 for a feasible one).
 std::optional<admission_decision> admission_control::hold_start_bound(const arrival& a, const tier_state& tier,
                                                                       double idle, bool promise) {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
+#include <utility>
 
 #include "scheduler/batch_scheduler.hpp"
 
@@ -47,12 +49,17 @@ first_token_forecast forecast_first_token(const engine_load& l, const work_ahead
   const double decode_seconds = per_decode * decodes + per_position * context;
   // Prompt tokens a step takes, and its seconds.
   const double most = std::max(static_cast<double>(min_step_prefill_tokens), l.max_step_tokens - decodes);
+  // With a time budget: the prompt tokens of a step and its seconds, `lower` of the time kept
+  // for the lower tiers' decodes.
+  auto paced = [&](double lower) {
+    const double tokens = std::clamp((l.step_seconds * (1 - lower) - c0 - decode_seconds) / per_prefill,
+                                     static_cast<double>(min_step_prefill_tokens), most);
+    return std::pair(tokens, std::max(l.step_seconds, (c0 + decode_seconds + tokens * per_prefill) / (1 - lower)));
+  };
   double per_step = 0, step = 0;
   if (l.step_seconds > 0) {
     lower_share = std::min(lower_share, 0.9);
-    const double budget = l.step_seconds * (1 - lower_share);
-    per_step = std::clamp((budget - c0 - decode_seconds) / per_prefill, static_cast<double>(min_step_prefill_tokens), most);
-    step = std::max(l.step_seconds, (c0 + decode_seconds + per_step * per_prefill) / (1 - lower_share));
+    std::tie(per_step, step) = paced(lower_share);
   } else {
     per_step = std::max(1.0, l.max_step_tokens - decodes);
     step = c0 + decode_seconds + per_step * per_prefill;
@@ -66,9 +73,8 @@ first_token_forecast forecast_first_token(const engine_load& l, const work_ahead
   f.seconds = actual * (full * step + (rest > 0 ? (c0 + decode_seconds + rest * per_prefill) / (1 - lower_share) : 0.0));
   f.seconds_per_token = actual * step / per_step;
   if (l.step_seconds > 0) {
-    const double alone = std::clamp((l.step_seconds - c0 - decode_seconds) / per_prefill,
-                                    static_cast<double>(min_step_prefill_tokens), most);
-    f.seconds_per_token_alone = actual * std::max(l.step_seconds, c0 + decode_seconds + alone * per_prefill) / alone;
+    const auto [tokens, seconds] = paced(0.0);
+    f.seconds_per_token_alone = actual * seconds / tokens;
   } else {
     f.seconds_per_token_alone = f.seconds_per_token;
   }
