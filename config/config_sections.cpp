@@ -120,6 +120,7 @@ server_settings read_server(table_reader& r) {
   r.read("max_connections_per_peer", s.max_connections_per_peer, {1, 1'000'000, "connections"});
   r.read("idle_timeout_ms", s.idle_timeout, {100, 86'400'000, "milliseconds"});
   r.read("handshake_timeout_ms", s.handshake_timeout, {100, 600'000, "milliseconds"});
+  r.read("http_keep_alive_ms", s.http_keep_alive, {100, 3'600'000, "milliseconds"});
 
   // Two listeners on one address: the second cannot bind. Port 0 picks distinct ports.
   const std::array<std::pair<std::string_view, const std::string*>, 3> listeners{

@@ -65,6 +65,10 @@ struct server_settings {
   std::chrono::milliseconds idle_timeout{120'000};
   // A connection that sends nothing this long after connecting is closed.
   std::chrono::milliseconds handshake_timeout{10'000};
+  // An HTTP connection idle this long between two requests is closed (keep-alive, as uvicorn's
+  // --timeout-keep-alive). A proxy that keeps connections to the gateway open must let them go
+  // sooner, or a request it writes onto one the gateway is closing fails (deploy/nginx).
+  std::chrono::milliseconds http_keep_alive{5'000};
 };
 
 struct session_settings {

@@ -146,7 +146,8 @@ class http_gateway::connection_service final : public kj::HttpService {
   watched_stream& connection_;
 };
 
-http_gateway::http_gateway(runtime& rt, kj_bridge& bridge, kj::Timer& timer, service_info info, decode_limits limits)
+http_gateway::http_gateway(runtime& rt, kj_bridge& bridge, kj::Timer& timer, service_info info, decode_limits limits,
+                           std::chrono::milliseconds keep_alive)
     : rt_(rt),
       bridge_(bridge),
       timer_(timer),
@@ -163,10 +164,15 @@ http_gateway::http_gateway(runtime& rt, kj_bridge& bridge, kj::Timer& timer, ser
   kj::HttpHeaderTable::Builder builder;
   ids_ = std::make_unique<header_ids>(builder);
   table_ = builder.build();
+  kj::HttpServerSettings settings;
+  settings.pipelineTimeout = keep_alive.count() * kj::MILLISECONDS;
   // Every connection comes from accept_loop, wrapped.
-  server_ = kj::heap<kj::HttpServer>(timer, *table_, [this](kj::AsyncIoStream& connection) -> kj::Own<kj::HttpService> {
-    return kj::heap<connection_service>(*this, static_cast<watched_stream&>(connection));
-  });
+  server_ = kj::heap<kj::HttpServer>(
+      timer, *table_,
+      [this](kj::AsyncIoStream& connection) -> kj::Own<kj::HttpService> {
+        return kj::heap<connection_service>(*this, static_cast<watched_stream&>(connection));
+      },
+      settings);
 }
 
 http_gateway::~http_gateway() = default;

@@ -15,6 +15,7 @@
 #include <kj/async-io.h>
 #include <kj/compat/http.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -29,13 +30,16 @@ namespace tireless {
 
 class http_gateway {
  public:
-  http_gateway(runtime& rt, kj_bridge& bridge, kj::Timer& timer, service_info info, decode_limits limits);
+  // keep_alive: how long a connection may sit idle between two requests before it is closed
+  // (server.http_keep_alive_ms).
+  http_gateway(runtime& rt, kj_bridge& bridge, kj::Timer& timer, service_info info, decode_limits limits,
+               std::chrono::milliseconds keep_alive = std::chrono::seconds(5));
   ~http_gateway();
 
   // Serves connections on `port` until the promise is dropped. At most max_connections are
   // open at once (server.max_connections, counted apart from the RPC listener's): a connection
   // beyond them is answered 503 with Retry-After and closed. A connection idle between requests
-  // is closed after kj's pipeline timeout (5 s), one whose headers trickle after 15 s.
+  // is closed after keep_alive, one whose headers trickle after 15 s.
   kj::Promise<void> listen(kj::ConnectionReceiver& port);
   void limit_connections(int32_t max_connections) { max_connections_ = max_connections; }
   int32_t open_connections() const { return open_connections_; }

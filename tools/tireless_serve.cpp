@@ -184,7 +184,7 @@ int main(int argc, char** argv) {
   kj::Own<kj::ConnectionReceiver> http_listener;
   kj::Promise<void> http_accepting = kj::READY_NOW;
   if (!config.server.http_listen.empty()) {
-    http = kj::heap<http_gateway>(*rt, bridge, io.provider->getTimer(), info, limits);
+    http = kj::heap<http_gateway>(*rt, bridge, io.provider->getTimer(), info, limits, config.server.http_keep_alive);
     http->observe_outcomes_with(observe);
     http->limit_connections(config.server.max_connections);
     http->add_page("/metrics", [&rt, &metrics] {

@@ -17,6 +17,9 @@ POD_SETTINGS = {
     ("server", "http_listen"): '"0.0.0.0:8000"',
     ("server", "metrics_listen"): '"0.0.0.0:9433"',
     ("server", "log_level"): '"info"',
+    # Above the idle timeout of what holds connections to the pod (a cloud load balancer's 60 s),
+    # so that it, not the pod, closes an idle one (a request written onto a closing one fails).
+    ("server", "http_keep_alive_ms"): "65000",
     ("model", "path"): '"/models/SmolLM2-135M-Instruct.Q4_1.gguf"',
 }
 

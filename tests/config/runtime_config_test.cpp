@@ -116,6 +116,7 @@ TEST(defaults, a_file_with_one_tier_gets_every_default) {
   EXPECT_EQ(c.server.log_level, log_level::info);
   EXPECT_EQ(c.server.shutdown_grace, 10s);
   EXPECT_EQ(c.server.max_connections, 256);
+  EXPECT_EQ(c.server.http_keep_alive, 5s);
   EXPECT_EQ(c.model.path, "/h/.cache/tireless/models/SmolLM2-135M-Instruct.Q4_1.gguf");
   EXPECT_EQ(c.model.name, "smollm2");
   EXPECT_EQ(c.backend.kind, backend_kind::cpu);
@@ -270,6 +271,8 @@ TEST(ranges, negative_and_zero_values_name_the_key_and_the_range) {
               HasSubstr("admission.default_max_tokens"));
   EXPECT_THAT(problem(with_tier("[server]\nmax_connections = 0\n")),
               HasSubstr("server.max_connections"));
+  EXPECT_THAT(problem(with_tier("[server]\nhttp_keep_alive_ms = 10\n")),
+              AllOf(HasSubstr("server.http_keep_alive_ms"), HasSubstr("10 is out of range")));
 }
 
 TEST(ranges, the_watermark_lies_in_zero_to_one_half) {

@@ -545,6 +545,48 @@ def test_connections_over_the_limit_get_503_and_room_comes_back(ctx):
         server.stop(timeout=h.SHUTDOWN_GRACE_MS / 1000 + 5)
 
 
+def http_get_on(sock, path="/health"):
+    """One GET on an open keep-alive connection; the status line, or b"" if the server had closed it."""
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    reply = b""
+    while b"\r\n\r\n" not in reply:
+        chunk = sock.recv(4096)
+        if not chunk:
+            return b""
+        reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    while len(body) < length:
+        body += sock.recv(4096)
+    return head.split(b"\r\n")[0]
+
+
+def test_keep_alive_follows_server_http_keep_alive_ms(ctx):
+    """server.http_keep_alive_ms sets how long an idle HTTP connection stays open between two
+    requests: longer than kj's 5-s default, a connection idle 6 s still serves; shorter, the
+    server closes it (what a proxy in front has to know, deploy/nginx)."""
+    for keep_ms, idle_s, open_after in ((9000, 6.0, True), (300, None, False)):
+        server = h.Server(ctx.args.server, ctx.args.config, ctx.workdir, name=f"keepalive{keep_ms}", http=True,
+                          overrides={("server", "http_keep_alive_ms"): keep_ms})
+        try:
+            sock = socket.create_connection((server.host, server.http_port), timeout=h.slack(20))
+            check(http_get_on(sock).startswith(b"HTTP/1.1 200"), "first GET on the connection")
+            if open_after:
+                time.sleep(idle_s)
+                status = http_get_on(sock)
+                check(status.startswith(b"HTTP/1.1 200"),
+                      f"idle {idle_s} s with http_keep_alive_ms = {keep_ms}: the connection was closed ({status!r})")
+            else:
+                # The server closes it by itself: recv sees the end, well before kj's 5-s default.
+                start = time.monotonic()
+                check(sock.recv(4096) == b"", "bytes on an idle connection")
+                waited = time.monotonic() - start
+                check(waited < 4.5, f"with http_keep_alive_ms = {keep_ms} the idle connection closed after {waited:.1f} s")
+            sock.close()
+        finally:
+            server.stop(timeout=h.SHUTDOWN_GRACE_MS / 1000 + 5)
+
+
 def test_client_going_away_cancels(ctx):
     wait_until_idle(ctx)
     # Not streamed: the client times out while the server generates; the request must stop.
@@ -989,6 +1031,7 @@ TESTS = [
     test_backoff_loop_of_the_articles,
     test_client_going_away_cancels,
     test_connections_over_the_limit_get_503_and_room_comes_back,
+    test_keep_alive_follows_server_http_keep_alive_ms,
     test_slow_reader_pauses_its_stream,
     test_python_client_speaks_both_transports_alike,
     test_python_client_fails_over_and_its_breaker_skips_a_dead_endpoint,
