@@ -28,7 +28,11 @@ bool step_time_model::observe(const step_shape_counts& shape, double seconds) {
   for (int i = 0; i < n; ++i) denom += x[i] * px[i];
   double error = seconds;
   for (int i = 0; i < n; ++i) error -= theta_[i] * x[i];
+  const double prefill_before = theta_[1];
   for (int i = 0; i < n; ++i) theta_[i] += px[i] * error / denom;
+  // One step never takes more than half of the prefill cost (see the header): it stays above
+  // zero however the fit drifts along the budget's line.
+  if (measured_ >= 32 && prefill_before > 0) theta_[1] = std::max(theta_[1], prefill_before / 2);
   for (int i = 0; i < n; ++i)
     for (int j = 0; j < n; ++j) p_[i][j] = (p_[i][j] - px[i] * px[j] / denom) / lambda_;
   ++observations_;

@@ -3,6 +3,16 @@
 // tokens) + c2·(decode sequences) + c3·(positions the decode tokens attend, in thousands).
 // Recursive least squares with forgetting, so the fit follows a changing machine. Admission
 // uses it to predict how long the work ahead of a new request will take.
+//
+// The engine packs its steps to a time budget with this very fit, so the steps it measures
+// all last about the same: along the budget's line the features trade off, and nothing tells
+// a cheap token from a fixed cost. Forgetting then inflates the uncertainty of what is not
+// seen ("covariance wind-up") until noise swings the fit to a step that costs its budget
+// whatever it holds: prefill free (c1 <= 0), so the engine packed a whole token budget into one
+// step, a 1.3-s stall of every stream (tests/load_driver/random_mixes.py, seed 3). So one step
+// never takes more than half of the prefill cost: it may fall, never to zero. (Bounding the
+// wind-up itself kept the fit truer but moved the suite both ways, a late bar with it:
+// bench/results/step_fit_windup_session19.txt.)
 
 #include <array>
 #include <cstddef>

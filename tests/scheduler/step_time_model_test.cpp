@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <random>
 
 namespace tireless {
@@ -46,6 +48,39 @@ TEST(step_time_model, a_lone_stall_is_left_out_of_the_fit_and_a_lasting_change_i
   EXPECT_FALSE(taken[0]);
   EXPECT_TRUE(taken[1]) << "the step after a stall-like one is fitted when it is slow too";
   EXPECT_NEAR(m.predict({256, 32, 0}), 5 * cost({256, 32, 0}), 0.05 * 5 * cost({256, 32, 0}));
+}
+
+// The engine packs each step to its budget with the fit itself, so every step it measures
+// lasts about the budget: along that line prefill and fixed cost trade off. Plain forgetting
+// let the fit drift there until prefill cost nothing (c1 <= 0) and the engine packed a whole
+// token budget into one step. With a prefill cost the fit does not model (attention over a
+// long context) and 2% noise, as the sim's steps have.
+TEST(step_time_model, packed_to_its_own_budget_the_fit_keeps_a_prefill_cost) {
+  for (uint32_t seed = 1; seed <= 8; ++seed) {
+    step_time_model m;
+    m.seed({0.004, 1.4e-4, 3e-4, 2e-5}, 8);
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<double> unit(0.0, 1.0);
+    const double budget = 0.045;
+    double least = 1.0;
+    for (int i = 0; i < 20000; ++i) {
+      const auto& k = m.coefficients();
+      ASSERT_GT(k[1], 0) << "seed " << seed << ", step " << i << ": prefill reads as free";
+      least = std::min(least, k[1]);
+      const double decodes = 40 + std::floor(unit(rng) * 50);
+      const double context = decodes * (1200 + 600 * unit(rng));
+      const double left = budget - std::max(k[0], 0.0) - decodes * std::max(k[2], 0.0) -
+                          context / 1000 * std::max(k[3], 0.0);
+      const step_shape_counts s{std::clamp(left / k[1], 16.0, 8192.0), decodes, context};
+      const double modeled = 0.004 + 1.4e-4 * s.prefill_tokens + 3e-4 * decodes + 1e-5 * context / 1000;
+      const double attention = 5e-9 * s.prefill_tokens * (500 + 2500 * unit(rng));
+      m.observe(s, (modeled + attention) * (0.98 + 0.04 * unit(rng)));
+    }
+    EXPECT_GT(least, 1.4e-4 / 4) << "seed " << seed << ": the prefill cost drifted far below the machine's";
+    // A shape off the budget's line: a long prompt's chunk.
+    const double chunk = 0.004 + 2000 * (1.4e-4 + 5e-9 * 1750) + 60 * 3e-4 + 0.9e-3;
+    EXPECT_NEAR(m.predict({2000, 60, 90000}), chunk, 0.25 * chunk) << "seed " << seed;
+  }
 }
 
 TEST(step_residuals, report_one_until_enough_steps_then_the_quantile_of_the_error) {
