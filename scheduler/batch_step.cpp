@@ -349,7 +349,10 @@ void batch_scheduler::fill_by_time(draft& d, const step_time_budget& time, int64
   }
   auto place_prefill = [&](size_t i) {
     const sequence& s = *order[i];
-    const int32_t fit = time.per_prefill_token > 0 ? static_cast<int32_t>(left / time.per_prefill_token) : budget;
+    // In doubles first: a fit that reads prefill as nearly free (step_time_model.hpp) makes the
+    // quotient far outside an int32.
+    const double room = time.per_prefill_token > 0 ? left / time.per_prefill_token : static_cast<double>(budget);
+    const auto fit = static_cast<int32_t>(std::clamp(room, 0.0, static_cast<double>(budget)));
     const int32_t n = std::min({s.prefill_left() - tokens[i], budget,
                                 std::max(fit, prefill_floor)});
     if (n <= 0) return;
