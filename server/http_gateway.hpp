@@ -33,7 +33,7 @@ class http_gateway {
   // keep_alive: how long a connection may sit idle between two requests before it is closed
   // (server.http_keep_alive_ms).
   http_gateway(runtime& rt, kj_bridge& bridge, kj::Timer& timer, service_info info, decode_limits limits,
-               std::chrono::milliseconds keep_alive = std::chrono::seconds(5));
+               std::chrono::milliseconds keep_alive);
   ~http_gateway();
 
   // Serves connections on `port` until the promise is dropped. At most max_connections are
