@@ -25,7 +25,10 @@ void batch_scheduler::add(sequence_spec spec) {
 bool batch_scheduler::cancel(seq_id seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return false;
-  if (it->second.running) releases_.push_back(seq);
+  if (it->second.running) {
+    releases_.push_back(seq);
+    freed_blocks_ += blocks_held(it->second);
+  }
   if (it->second.shard_has > 0) forgotten_.push_back(seq);
   seqs_.erase(it);
   return true;
@@ -155,6 +158,11 @@ double batch_scheduler::first_token_after_start(const sequence& s, const step_ti
 step_batch batch_scheduler::finalize(const kv_reply& reply) {
   assert(reply.grants.size() == plan_.size());
   replan_ = replan_ || !reply.preempted.empty();
+  free_blocks_ = reply.stats.free;
+  freed_blocks_ = 0;
+  kv_growth_ratio_ = reply.preempted.empty()
+                         ? std::max(kv_growth_ratio_min, kv_growth_ratio_ - kv_growth_ratio_decay)
+                         : std::min(kv_growth_ratio_max, kv_growth_ratio_ + kv_growth_ratio_bump);
   for (seq_id p : reply.preempted) {
     auto it = seqs_.find(p);
     if (it == seqs_.end()) continue;
@@ -259,6 +267,7 @@ std::vector<scheduler_event> batch_scheduler::commit(const step_result& result, 
         e.preemptions = s.preemptions;
         events.push_back(std::move(e));
         releases_.push_back(s.spec.id);
+        freed_blocks_ += blocks_held(s);
         forgotten_.push_back(s.spec.id);
         seqs_.erase(it);
         continue;

@@ -94,6 +94,13 @@ struct sequence_spec {
 // missed its target (the default start bound of a sheddable tier is the same).
 constexpr double late_after_targets = 2.0;
 
+// The reservation of KV blocks for running requests' answers (batch_scheduler::may_start):
+// the share of the remaining answer reserved, at start, at least, at most, and its steps.
+constexpr double kv_growth_ratio_start = 0.7, kv_growth_ratio_min = 0.1, kv_growth_ratio_max = 1.0;
+constexpr double kv_growth_ratio_decay = (kv_growth_ratio_start - kv_growth_ratio_min) / 600;  // per step
+constexpr double kv_growth_ratio_bump = 0.2;                                                   // per preemption
+constexpr int32_t kv_growth_clip = 4096;  // answer tokens counted at most
+
 // The longest a running stream waits for its next token, however far ahead of its deadline
 // it is: what its tier promises for the first token, and at least max_step_stretch TPOTs.
 int64_t longest_pause_ns(const sequence_spec& spec);
@@ -261,6 +268,22 @@ class batch_scheduler {
   bool stake_may_go_first(const draft& d, const step_time_budget& time, double decode_seconds, int64_t now) const;
   std::vector<size_t> places_in_step(const std::vector<const sequence*>& order, const step_time_budget& time,
                                      int64_t now) const;
+  // Blocks the sequence is expected to hold by its end: its tokens, and kv_growth_ratio_ of
+  // the answer it may still write (at most kv_growth_clip tokens of it).
+  int32_t blocks_by_end(const sequence& s) const;
+  int32_t blocks_held(const sequence& s) const;
+  // Whether a sequence that holds no blocks may start this step, after the starts before it
+  // (need_before blocks): the pool's free blocks, with those the running requests of lower
+  // tiers hold (a start of a higher tier takes them back), must still carry what the running
+  // requests of its tier and above are expected to grow by (SGLang's new-token reservation:
+  // a start never preempts a stream of its own tier or above later on).
+  struct kv_room {
+    std::map<int32_t, std::pair<int64_t, int64_t>> by_priority;  // growth, held blocks of the running
+    int64_t free = 0;
+    bool gate = false;
+  };
+  kv_room room_in_kv() const;
+  bool may_start(const kv_room& room, const sequence& s, int64_t need_before) const;
   void fill_by_tokens(draft& d) const;
   void fill_by_time(draft& d, const step_time_budget& time, int64_t now) const;
   void plan_entries(const draft& d, kv_request& r);
@@ -279,6 +302,14 @@ class batch_scheduler {
   uint64_t release_epoch_ = 0;
   bool refused(const sequence& s) const { return s.refused_epoch == release_epoch_; }
   bool replan_ = false;  // see take_replan()
+  // The pool's free blocks after the last step's grants, and those given back since (ends);
+  // -1: no grant seen yet (no gate on starts).
+  int64_t free_blocks_ = -1;
+  int64_t freed_blocks_ = 0;
+  // The share of a running request's remaining answer its blocks are reserved for: up after a
+  // preemption (the reservation was too small), then down a little every step (SGLang's
+  // new_token_ratio, adapted to the answers the traffic really writes).
+  double kv_growth_ratio_ = kv_growth_ratio_start;
 };
 
 }  // namespace tireless

@@ -267,6 +267,8 @@ std::vector<size_t> batch_scheduler::places_in_step(const std::vector<const sequ
   auto steps = [&](const sequence& s) {
     return !s.paused() && !refused(s) && static_cast<int32_t>(s.tokens.size()) > s.computed;
   };
+  const kv_room room = room_in_kv();
+  int64_t starting = 0;  // blocks the starts placed so far are expected to hold by their end
   auto must_run = [&](const sequence& s) {
     return is_decode(s) ? s.next_token_due() <= skip_is_late_at : prefill_at_stake(s, time, now);
   };
@@ -278,6 +280,10 @@ std::vector<size_t> batch_scheduler::places_in_step(const std::vector<const sequ
   for (size_t i = 0; i < order.size() && placed.size() < places; ++i) {
     const sequence& s = *order[i];
     if (!steps(s)) continue;
+    if (!s.running) {
+      if (!may_start(room, s, starting)) continue;
+      starting += blocks_by_end(s);
+    }
     if (must_run(s)) {
       --kept;
     } else if (placed.size() + kept >= places) {
@@ -286,6 +292,41 @@ std::vector<size_t> batch_scheduler::places_in_step(const std::vector<const sequ
     placed.push_back(i);
   }
   return placed;
+}
+
+int32_t batch_scheduler::blocks_held(const sequence& s) const {
+  const int32_t bs = std::max(limits_.block_size, 1);
+  return (s.held_positions + bs - 1) / bs;
+}
+
+int32_t batch_scheduler::blocks_by_end(const sequence& s) const {
+  const int32_t bs = std::max(limits_.block_size, 1);
+  const int32_t answer_left = std::clamp(s.spec.max_tokens - s.generated, 0, kv_growth_clip);
+  const double positions = static_cast<double>(s.tokens.size()) + kv_growth_ratio_ * answer_left;
+  return static_cast<int32_t>(std::ceil(std::min(positions, static_cast<double>(limits_.max_context)) / bs));
+}
+
+batch_scheduler::kv_room batch_scheduler::room_in_kv() const {
+  kv_room room;
+  room.free = free_blocks_ + freed_blocks_;
+  for (const auto& [id, s] : seqs_) {
+    if (!s.running) continue;
+    room.gate = free_blocks_ >= 0;
+    auto& [growth, held] = room.by_priority[s.spec.priority];
+    const int32_t h = blocks_held(s);
+    growth += std::max(0, blocks_by_end(s) - h);
+    held += h;
+  }
+  return room;
+}
+
+bool batch_scheduler::may_start(const kv_room& room, const sequence& s, int64_t need_before) const {
+  if (!room.gate) return true;  // nothing running: whatever fits the pool starts
+  int64_t left = room.free - need_before;
+  for (const auto& [priority, blocks] : room.by_priority) {
+    left += priority < s.spec.priority ? blocks.second : -blocks.first;
+  }
+  return blocks_by_end(s) <= left;
 }
 
 // Only tokens limit the step: one token for every decode first, then prefill chunks tier by

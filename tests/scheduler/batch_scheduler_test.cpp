@@ -14,7 +14,7 @@ namespace {
 // plan_kv, finalize, commit) and samples token 7 for every sequence that samples.
 class stepper {
  public:
-  explicit stepper(scheduler_limits limits, int32_t n_blocks = 256, bool prefix_caching = false)
+  explicit stepper(scheduler_limits limits, int32_t n_blocks = 4096, bool prefix_caching = false)
       : limits_(limits), core_(limits), blocks_({.n_blocks = n_blocks, .block_size = limits.block_size,
                                                   .prefix_caching = prefix_caching, .watermark_blocks = 0}) {}
 
@@ -63,11 +63,13 @@ class stepper {
     for (const scheduler_event& e : core_.commit(result, now_)) {
       if (e.what == scheduler_event::kind::finished) finished_.push_back(e.seq);
       if (e.what == scheduler_event::kind::tokens) token_times_[e.seq].push_back(now_);
+      if (e.what == scheduler_event::kind::preempted) ++preempted_[e.seq];
     }
     return computed;
   }
 
   const std::vector<seq_id>& finished() const { return finished_; }
+  int32_t preempted(seq_id id) const { return preempted_.count(id) ? preempted_.at(id) : 0; }
   batch_scheduler& core() { return core_; }
   const std::vector<int64_t>& token_times(seq_id id) { return token_times_[id]; }
   int64_t now() const { return now_; }
@@ -78,6 +80,7 @@ class stepper {
   block_manager blocks_;
   std::vector<seq_id> finished_;
   std::map<seq_id, std::vector<int64_t>> token_times_;
+  std::map<seq_id, int32_t> preempted_;
   int64_t now_ = 1'000'000'000;
 };
 
@@ -317,31 +320,48 @@ TEST(batch_scheduler, a_decode_ahead_of_its_deadline_yields_to_a_prompt_of_its_t
   }
 }
 
-TEST(batch_scheduler, streams_never_yield_again_to_a_prompt_the_kv_pool_refused_until_blocks_come_back) {
+TEST(batch_scheduler, streams_never_yield_to_a_prompt_the_kv_pool_cannot_hold_until_blocks_come_back) {
   // Two streams far ahead of their deadlines hold 14 blocks of a pool of 16. A 150-token
-  // prompt would miss its first-token deadline at the budget's pace, so its first chunk takes
-  // the step's whole token budget and the streams yield; but the pool cannot hold that chunk
-  // (4 blocks). Yielding again would stall the streams for good: nothing else changes (the
-  // engine proposes again only on an event). So the next step runs them, and the prompt waits
-  // unproposed until blocks come back; then it is served.
+  // prompt would miss its first-token deadline at the budget's pace, so its first chunk would
+  // take the step's whole token budget and the streams would yield; but the pool cannot hold
+  // it beside what the streams are still to write (10 blocks). Yielding to it would stall the
+  // streams for good: nothing else changes (the engine proposes again only on an event). So
+  // it is not proposed (no refusal, no replan), the streams run, and the prompt waits until
+  // blocks come back; then it is served.
   stepper s({.max_step_tokens = 64, .max_step_seqs = 32}, 16);
   s.add(1, 2, 200, 8, 10'000, 1000);
   s.add(2, 2, 10, 8, 10'000, 1000);
   for (int i = 0; i < 6; ++i) s.run(fifty_ms_steps());
   ASSERT_EQ(s.token_times(1).size(), 3u);
   s.add(3, 2, 150, 4, 120, 50);
-  const auto refused = s.run(fifty_ms_steps());
-  EXPECT_EQ(refused.count(3), 0u);
-  EXPECT_EQ(refused.count(1), 0u) << "the stream did not yield to the prompt at risk";
-  EXPECT_TRUE(s.core().take_replan()) << "the refusal changes the plan: propose again";
-  EXPECT_FALSE(s.core().take_replan());
   const auto next = s.run(fifty_ms_steps());
-  EXPECT_EQ(next.count(1), 1u);
-  EXPECT_EQ(next.count(2), 1u);
   EXPECT_EQ(next.count(3), 0u);
-  EXPECT_FALSE(s.core().take_replan()) << "not proposed again before blocks came back";
+  EXPECT_EQ(next.count(1), 1u) << "the stream yielded to a prompt the pool cannot hold";
+  EXPECT_EQ(next.count(2), 1u);
+  EXPECT_FALSE(s.core().take_replan()) << "nothing was refused: nothing to propose again";
   // The streams end (8 tokens each) and give their blocks back: the prompt is served.
   for (int i = 0; i < 20 && s.finished().size() < 3; ++i) s.run(fifty_ms_steps());
+  EXPECT_EQ(s.finished(), (std::vector<seq_id>{1, 2, 3}));
+}
+
+TEST(batch_scheduler, a_start_never_takes_the_blocks_its_own_tiers_running_answers_will_need) {
+  // Two premium streams with long answers ahead (1000 tokens each, 16-token blocks: 69 blocks
+  // each by their end) run in a pool of 160 blocks. A third premium prompt would fit the pool
+  // now, but not beside what the two will still write: started, it would later preempt one of
+  // them (a stall of a stream of its own tier). It waits instead.
+  stepper s({.max_step_tokens = 512, .max_step_seqs = 32}, 160);
+  s.add(1, 3, 100, 1000, 10'000, 1000);
+  s.add(2, 3, 100, 1000, 10'000, 1000);
+  for (int i = 0; i < 3; ++i) s.run(fifty_ms_steps());
+  s.add(3, 3, 400, 1000, 10'000, 1000);
+  for (int i = 0; i < 20; ++i) {
+    const auto step = s.run(fifty_ms_steps());
+    EXPECT_EQ(step.count(3), 0u) << "step " << i;
+    EXPECT_EQ(step.count(1), 1u) << "step " << i;
+    EXPECT_EQ(step.count(2), 1u) << "step " << i;
+  }
+  for (seq_id id : {1, 2}) EXPECT_EQ(s.preempted(id), 0) << id;
+  for (int i = 0; i < 4000 && s.finished().size() < 3; ++i) s.run(fifty_ms_steps());
   EXPECT_EQ(s.finished(), (std::vector<seq_id>{1, 2, 3}));
 }
 
