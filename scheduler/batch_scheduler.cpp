@@ -160,9 +160,8 @@ step_batch batch_scheduler::finalize(const kv_reply& reply) {
   replan_ = replan_ || !reply.preempted.empty();
   free_blocks_ = reply.stats.free;
   freed_blocks_ = 0;
-  kv_growth_ratio_ = reply.preempted.empty()
-                         ? std::max(kv_growth_ratio_min, kv_growth_ratio_ - kv_growth_ratio_decay)
-                         : std::min(kv_growth_ratio_max, kv_growth_ratio_ + kv_growth_ratio_bump);
+  kv_growth_bump_ = reply.preempted.empty() ? std::max(0.0, kv_growth_bump_ - kv_growth_bump_decay)
+                                            : std::min(1.0, kv_growth_bump_ + kv_growth_bump);
   for (seq_id p : reply.preempted) {
     auto it = seqs_.find(p);
     if (it == seqs_.end()) continue;
@@ -268,6 +267,7 @@ std::vector<scheduler_event> batch_scheduler::commit(const step_result& result, 
         events.push_back(std::move(e));
         releases_.push_back(s.spec.id);
         freed_blocks_ += blocks_held(s);
+        answer_shares_.add(std::clamp(s.spec.max_tokens, 1, kv_growth_clip), std::min(s.generated, kv_growth_clip));
         forgotten_.push_back(s.spec.id);
         seqs_.erase(it);
         continue;

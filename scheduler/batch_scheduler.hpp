@@ -24,6 +24,7 @@
 #include "gpu/backend.hpp"
 #include "scheduler/engine_load.hpp"
 #include "scheduler/kv_plan.hpp"
+#include "scheduler/step_time_model.hpp"
 
 namespace tireless {
 
@@ -52,6 +53,9 @@ struct step_time_budget {
   double seconds = 0;
   double c0 = 0, per_prefill_token = 0, per_decode = 0, per_context_position = 0;
   double headroom = 1;  // seconds is this share of the time target (for the model's error)
+  // Of the pause the streams may wait, the share a step stretched past the budget may take
+  // (for the model's error on such steps); with headroom, the lesser of the two.
+  double stretch_headroom = 1;
 };
 
 // A step runs longer than its budget only while a waiting prompt's first-token deadline would
@@ -94,11 +98,12 @@ struct sequence_spec {
 // missed its target (the default start bound of a sheddable tier is the same).
 constexpr double late_after_targets = 2.0;
 
-// The reservation of KV blocks for running requests' answers (batch_scheduler::may_start):
-// the share of the remaining answer reserved, at start, at least, at most, and its steps.
-constexpr double kv_growth_ratio_start = 0.7, kv_growth_ratio_min = 0.1, kv_growth_ratio_max = 1.0;
-constexpr double kv_growth_ratio_decay = (kv_growth_ratio_start - kv_growth_ratio_min) / 600;  // per step
-constexpr double kv_growth_ratio_bump = 0.2;                                                   // per preemption
+// The reservation of KV blocks for running requests' answers (batch_scheduler::may_start): the
+// share of its remaining answer a running request is expected to write is the 90th percentile
+// of what the last answers wrote of theirs (all of it until 32 ended), at least the least; a
+// preemption (the reservation fell short) adds the bump, which wears off over 200 steps.
+constexpr double kv_growth_quantile = 0.9, kv_growth_ratio_min = 0.1;
+constexpr double kv_growth_bump = 0.2, kv_growth_bump_decay = kv_growth_bump / 200;  // per preemption, per step
 constexpr int32_t kv_growth_clip = 4096;  // answer tokens counted at most
 
 // The longest a running stream waits for its next token, however far ahead of its deadline
@@ -268,8 +273,9 @@ class batch_scheduler {
   bool stake_may_go_first(const draft& d, const step_time_budget& time, double decode_seconds, int64_t now) const;
   std::vector<size_t> places_in_step(const std::vector<const sequence*>& order, const step_time_budget& time,
                                      int64_t now) const;
-  // Blocks the sequence is expected to hold by its end: its tokens, and kv_growth_ratio_ of
+  // Blocks the sequence is expected to hold by its end: its tokens, and kv_growth_ratio() of
   // the answer it may still write (at most kv_growth_clip tokens of it).
+  double kv_growth_ratio() const;
   int32_t blocks_by_end(const sequence& s) const;
   int32_t blocks_held(const sequence& s) const;
   // Whether a sequence that holds no blocks may start this step, after the starts before it
@@ -306,10 +312,10 @@ class batch_scheduler {
   // -1: no grant seen yet (no gate on starts).
   int64_t free_blocks_ = -1;
   int64_t freed_blocks_ = 0;
-  // The share of a running request's remaining answer its blocks are reserved for: up after a
-  // preemption (the reservation was too small), then down a little every step (SGLang's
-  // new_token_ratio, adapted to the answers the traffic really writes).
-  double kv_growth_ratio_ = kv_growth_ratio_start;
+  // What the answers that ended wrote of what they could (max_tokens, kv_growth_clip at most),
+  // and the bump of the last preemptions (see kv_growth_quantile).
+  step_residuals answer_shares_{256, 32};
+  double kv_growth_bump_ = 0;
 };
 
 }  // namespace tireless

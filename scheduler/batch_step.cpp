@@ -212,12 +212,13 @@ batch_scheduler::step_shape batch_scheduler::shape_step(const std::vector<const 
       // As long as the prompts in line up to this one take in one step, and no longer than
       // the decodes can wait: nothing of the prompt is left for a step after, and no lower
       // tier's prefill fills a longer step that the prompt's first token would wait for.
-      const double wait = decode_slack == no_deadline ? std::numeric_limits<double>::infinity() : static_cast<double>(decode_slack) * 1e-9 * time.headroom;
+      const double headroom = std::min(time.headroom, time.stretch_headroom);
+      const double wait = decode_slack == no_deadline ? std::numeric_limits<double>::infinity() : static_cast<double>(decode_slack) * 1e-9 * headroom;
       double seconds = std::min(step_through(ahead), wait);
       // But a prompt ahead in line that this step would make miss its deadline, and one
       // ending with it would not: the step ends with it (the rest goes on in the next).
       for (const earlier_prompt& e : earlier) {
-        const double by = static_cast<double>(e.due - now) * 1e-9 * time.headroom;
+        const double by = static_cast<double>(e.due - now) * 1e-9 * headroom;
         if (seconds > by && step_through(e.through) <= by) {
           seconds = step_through(e.through);
           break;
@@ -302,8 +303,12 @@ int32_t batch_scheduler::blocks_held(const sequence& s) const {
 int32_t batch_scheduler::blocks_by_end(const sequence& s) const {
   const int32_t bs = std::max(limits_.block_size, 1);
   const int32_t answer_left = std::clamp(s.spec.max_tokens - s.generated, 0, kv_growth_clip);
-  const double positions = static_cast<double>(s.tokens.size()) + kv_growth_ratio_ * answer_left;
+  const double positions = static_cast<double>(s.tokens.size()) + kv_growth_ratio() * answer_left;
   return static_cast<int32_t>(std::ceil(std::min(positions, static_cast<double>(limits_.max_context)) / bs));
+}
+
+double batch_scheduler::kv_growth_ratio() const {
+  return std::min(1.0, std::max(kv_growth_ratio_min, answer_shares_.quantile(kv_growth_quantile)) + kv_growth_bump_);
 }
 
 batch_scheduler::kv_room batch_scheduler::room_in_kv() const {

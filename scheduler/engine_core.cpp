@@ -177,7 +177,14 @@ void engine_core::started(seq_id id, request_info& info, int64_t now) {
 }
 
 void engine_core::observe_step(double seconds) {
-  if (step_model_.observations() >= 8) residuals_.add(step_model_.predict(shape_), seconds);
+  if (step_model_.observations() >= 8) {
+    const double predicted = step_model_.predict(shape_);
+    residuals_.add(predicted, seconds);
+    if (predicted > stretched_step_targets * o_.step_time_target_seconds) {
+      stretched_residuals_.add(predicted, seconds);
+      stretched_p95_ = stretched_residuals_.quantile(0.95);
+    }
+  }
   residual_p95_ = residuals_.quantile(0.95);
   residual_p50_ = residuals_.quantile(0.5);
   step_model_.observe(shape_, seconds);
@@ -253,6 +260,7 @@ step_time_budget engine_core::budget() const {
   if (o_.step_time_target_seconds <= 0 || k[1] <= 0) return b;
   b.headroom = std::clamp(1.0 / std::max(residual_p95_, 1e-6), least_step_headroom, step_time_headroom);
   b.seconds = o_.step_time_target_seconds * b.headroom;
+  b.stretch_headroom = std::clamp(1.0 / std::max(stretched_p95_, 1e-6), least_step_headroom, 1.0);
   b.c0 = std::max(k[0], 0.0);
   b.per_prefill_token = k[1];
   b.per_decode = std::max(k[2], 0.0);

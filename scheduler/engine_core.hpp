@@ -76,6 +76,7 @@ struct engine_delivery {
 // actual / predicted step time, never below half of it.
 constexpr double step_time_headroom = 0.9;
 constexpr double least_step_headroom = 0.5;
+constexpr double stretched_step_targets = 3.0;
 
 class engine_core {
  public:
@@ -155,6 +156,12 @@ class engine_core {
   step_time_model step_model_;
   step_residuals residuals_;  // of step_model_'s predictions
   double residual_p95_ = 1.0, residual_p50_ = 1.0;
+  // Of the steps predicted past stretched_step_targets time targets (a step stretched for a
+  // prompt's deadline, far out of the budget's steps the fit is mostly measured on: a long
+  // prompt's attention grows with its length, which the linear fit does not see): a stretched
+  // step keeps its own p95 error under the pause its streams may wait.
+  step_residuals stretched_residuals_{64, 8};
+  double stretched_p95_ = 1.0;
   // By priority: the share of prompt tokens its requests found in the prefix cache, a moving
   // average over their first tokens (cached_share_weight each).
   std::map<int32_t, double> cached_share_;

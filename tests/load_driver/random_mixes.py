@@ -21,8 +21,8 @@ prompt and answer lengths (lognormal, tens to tens of thousands of tokens), shar
 prompts, bursts and a load profile (steps between 0.3x and 4x) all random. With --vary-config
 it also runs on a machine and tiers nobody tuned for: the KV memory (2,500-21,000 blocks), the
 step's token and sequence budgets and every tier's TTFT and TPOT targets drawn at random from
-the shipped config's. A failing seed is printed with its scenario file: rerun it with --seed and
---count 1 (and the same --vary-config), --keep to look at it.
+the shipped config's. A failing seed is printed with its scenario file: rerun it with --seeds
+(and the same --vary-config), --keep to look at it.
 """
 import argparse
 import json
@@ -191,6 +191,7 @@ def main():
     p.add_argument("--load", required=True, help="the tireless-load program")
     p.add_argument("--count", type=int, default=3)
     p.add_argument("--seed", type=int, default=1, help="the first scenario's seed; the others follow")
+    p.add_argument("--seeds", help="the seeds, comma-separated (instead of --seed and --count)")
     p.add_argument("--multiples", default="1,2,3")
     p.add_argument("--tolerance", type=float, default=1.0, help="points of SLO, percent of goodput")
     p.add_argument("--keep", action="store_true", help="keep the scenarios and results")
@@ -204,7 +205,8 @@ def main():
     os.makedirs(folder)
     os.makedirs(machines)
     names, summaries = [], {}
-    for seed in range(args.seed, args.seed + args.count):
+    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else range(args.seed, args.seed + args.count)
+    for seed in seeds:
         config = CONFIG
         if args.vary_config:
             # Its own stream: the traffic of a seed is the same with and without --vary-config.

@@ -391,6 +391,28 @@ TEST(batch_scheduler, a_stream_far_ahead_of_its_deadline_never_pauses_longer_tha
   expect_pauses_at_most(s.token_times(1), before, 600'000'000 + 50'000'000);
 }
 
+TEST(batch_scheduler, a_stretched_step_keeps_its_own_error_margin_under_the_pause_its_streams_may_wait) {
+  // A stream (a token per 100 ms, pauses of 300 ms at most) runs ahead of its deadlines; a
+  // 4,000-token prompt due in 420 ms would miss at the budget's pace (~445 tokens a step) but
+  // not on an idle engine (0.41 s): the step stretches as far as the stream can wait (300 ms).
+  // Where such long steps ran slower than the fit says (stretch_headroom 0.5: their p95 was
+  // twice the prediction), the stretched step takes half the wait.
+  auto stretched_tokens = [](double stretch_headroom) {
+    stepper s({.max_step_tokens = 8192, .max_step_seqs = 32}, 4096);
+    s.add(1, 2, 10, 1000, 200, 100);
+    for (int i = 0; i < 10; ++i) s.run(fifty_ms_steps());
+    s.add(2, 2, 4000, 4, 420);
+    step_time_budget b = fifty_ms_steps();
+    b.stretch_headroom = stretch_headroom;
+    const auto step = s.run(b);
+    return step.count(2) ? step.at(2) : 0;
+  };
+  const int32_t full = stretched_tokens(1.0), margin = stretched_tokens(0.5);
+  EXPECT_GT(full, 2500) << "the step did not stretch to the stream's pause";
+  EXPECT_GT(margin, 445) << "no stretch at all";
+  EXPECT_LT(margin, full * 6 / 10);
+}
+
 TEST(batch_scheduler, a_queue_of_higher_tier_prompts_takes_no_place_a_running_stream_needs_to_keep_its_pace) {
   // Four places a step. A free stream runs; then eight premium prompts arrive, more than the
   // step's tokens take at once. They come first in keep order, but a place a prompt gets no
