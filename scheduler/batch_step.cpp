@@ -176,11 +176,21 @@ batch_scheduler::step_shape batch_scheduler::shape_step(const std::vector<const 
   // at the budget's pace yield in it). decode_seconds: the decodes that run at that pace.
   int64_t decode_slack = no_deadline;
   double all_decode_seconds = 0;  // every decode of the step, should none of them yield
+  std::vector<bool> in_step(order.size(), false);
   for (size_t k : placed) {
+    in_step[k] = true;
     const sequence& s = *order[k];
     if (!is_decode(s)) continue;
     decode_slack = std::min(decode_slack, s.next_token_due() - now);
     all_decode_seconds += time.per_decode + time.per_context_position * s.computed;
+  }
+  // A stream left out of the step (it yields) has its token a step after this one at the
+  // earliest: a longer step leaves it less (random machine seed 12: a free stream 28 ms past
+  // its 6-s bound behind a step stretched for a premium prompt).
+  const auto next_step = static_cast<int64_t>(time.seconds * 1e9);
+  for (size_t k = 0; k < order.size(); ++k) {
+    const sequence& s = *order[k];
+    if (!in_step[k] && is_decode(s) && !s.paused()) decode_slack = std::min(decode_slack, s.next_token_due() - now - next_step);
   }
   if (decode_slack <= 0) return {time.seconds, none};
   // The prompts in line for prefill, the highest tier's first, each in its prefill order:

@@ -49,17 +49,22 @@ class stepper {
 
   // One step; returns the tokens each sequence computed in it. The clock moves by the
   // budget's seconds (1 ms without one), and the step's tokens come at its end.
-  std::map<seq_id, int32_t> run(const step_time_budget& budget) {
+  // timed: the clock moves by what the budget's model says the step costs (its decodes and
+  // prompt tokens) instead.
+  std::map<seq_id, int32_t> run(const step_time_budget& budget, bool timed = false) {
     const kv_request request = core_.propose(budget, now_);
-    now_ += budget.seconds > 0 ? static_cast<int64_t>(budget.seconds * 1e9) : 1'000'000;
+    if (!timed) now_ += budget.seconds > 0 ? static_cast<int64_t>(budget.seconds * 1e9) : 1'000'000;
     const kv_reply reply = plan_kv(blocks_, request);
     const step_batch batch = core_.finalize(reply);
     std::map<seq_id, int32_t> computed;
     step_result result;
+    double seconds = batch.seqs.empty() ? 0.001 : budget.c0;
     for (const sequence_step& s : batch.seqs) {
       computed[s.seq_id] = static_cast<int32_t>(s.tokens.size());
       result.next.push_back(s.sample ? 7 : -1);
+      seconds += s.tokens.size() == 1 ? budget.per_decode : budget.per_prefill_token * static_cast<double>(s.tokens.size());
     }
+    if (timed) now_ += static_cast<int64_t>(seconds * 1e9);
     for (const scheduler_event& e : core_.commit(result, now_)) {
       if (e.what == scheduler_event::kind::finished) finished_.push_back(e.seq);
       if (e.what == scheduler_event::kind::tokens) token_times_[e.seq].push_back(now_);
@@ -411,6 +416,26 @@ TEST(batch_scheduler, a_stretched_step_keeps_its_own_error_margin_under_the_paus
   EXPECT_GT(full, 2500) << "the step did not stretch to the stream's pause";
   EXPECT_GT(margin, 445) << "no stretch at all";
   EXPECT_LT(margin, full * 6 / 10);
+}
+
+TEST(batch_scheduler, a_step_stretched_for_a_prompt_leaves_a_stream_out_of_the_step_its_next_token_in_time) {
+  // Two places a step. A free stream (a token per 200 ms, pauses of 600 ms at most) runs far
+  // ahead of its deadlines; then premium prompts of 1,000-3,000 tokens, each due in 500 ms,
+  // arrive one a step and take both places: the stream is left out of the step (no place)
+  // until its token is due within two steps. Each prompt would miss its deadline at the
+  // budget's pace, so its steps stretch; a stretched step must leave the stream, a step after
+  // it, within its 600 ms (the clock moves by each step's modelled cost). Before, only the
+  // streams in the step bounded the stretch (random machine seed 12: 28 ms past a 6-s bound).
+  stepper s({.max_step_tokens = 8192, .max_step_seqs = 2}, 4096);
+  s.add(1, 0, 10, 2000, 400, 200);
+  for (int i = 0; i < 60; ++i) s.run(fifty_ms_steps(), true);
+  const size_t before = s.token_times(1).size();
+  ASSERT_GE(before, 55u);
+  for (seq_id id = 2; id < 200; ++id) {
+    s.add(id, 2, 1000 + static_cast<int32_t>(id * 737 % 2000), 1, 500, 50);
+    s.run(fifty_ms_steps(), true);
+  }
+  expect_pauses_at_most(s.token_times(1), before, 600'000'000);
 }
 
 TEST(batch_scheduler, a_queue_of_higher_tier_prompts_takes_no_place_a_running_stream_needs_to_keep_its_pace) {
