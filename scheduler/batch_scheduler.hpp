@@ -285,8 +285,9 @@ class batch_scheduler {
   // a start never preempts a stream of its own tier or above later on).
   struct kv_room {
     std::map<int32_t, std::pair<int64_t, int64_t>> by_priority;  // growth, held blocks of the running
-    int64_t free = 0;
-    bool gate = false;
+    int64_t free = 0;    // the pool's free blocks
+    bool known = false;  // the pool answered once: free is known
+    bool idle = true;    // no request holds blocks
   };
   kv_room room_in_kv() const;
   bool may_start(const kv_room& room, const sequence& s, int64_t need_before) const;

@@ -323,10 +323,11 @@ double batch_scheduler::kv_growth_ratio() const {
 
 batch_scheduler::kv_room batch_scheduler::room_in_kv() const {
   kv_room room;
+  room.known = free_blocks_ >= 0;
   room.free = free_blocks_ + freed_blocks_;
   for (const auto& [id, s] : seqs_) {
     if (!s.running) continue;
-    room.gate = free_blocks_ >= 0;
+    room.idle = false;
     auto& [growth, held] = room.by_priority[s.spec.priority];
     const int32_t h = blocks_held(s);
     growth += std::max(0, blocks_by_end(s) - h);
@@ -336,7 +337,10 @@ batch_scheduler::kv_room batch_scheduler::room_in_kv() const {
 }
 
 bool batch_scheduler::may_start(const kv_room& room, const sequence& s, int64_t need_before) const {
-  if (!room.gate) return true;  // nothing running: whatever fits the pool starts
+  // Before the pool's first answer, whatever it holds starts; an idle engine starts its first
+  // request whatever it needs (the pool defers one it cannot hold now), and the starts beside
+  // it wait for room as any other.
+  if (!room.known || (room.idle && need_before == 0)) return true;
   int64_t left = room.free - need_before;
   for (const auto& [priority, blocks] : room.by_priority) {
     left += priority < s.spec.priority ? blocks.second : -blocks.first;

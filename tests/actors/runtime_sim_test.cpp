@@ -143,11 +143,16 @@ TEST(runtime_sim, an_ended_requests_session_is_not_held_until_its_timeout) {
 }
 
 TEST(runtime_sim, a_small_pool_preempts_and_every_request_still_completes) {
+  // Free requests start first; then premium and standard ones arrive and take their blocks
+  // back (a start of a tier waits while the pool cannot carry its own tier's running answers,
+  // so preemption comes from a higher tier's start).
   harness_options o;
   o.kv_blocks = 24;  // 384 tokens: room for about three of these at once
   sim_harness h(o);
   std::vector<uint64_t> ids;
-  for (int i = 0; i < 12; ++i) ids.push_back(h.submit(tokens_request(60, 60, i), i % 3));
+  for (int i = 0; i < 4; ++i) ids.push_back(h.submit(tokens_request(60, 60, i), 2));
+  h.run_for(std::chrono::milliseconds(20));
+  for (int i = 4; i < 12; ++i) ids.push_back(h.submit(tokens_request(60, 60, i), i % 2));
   h.run();
   expect_exactly_one_outcome_each(h, ids.size());
   int preemptions = 0;

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <malloc.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -203,8 +204,22 @@ TEST_F(runtime_model, a_kv_pool_too_small_for_the_load_preempts_and_outputs_stay
     for (int i = 0; i < 8; ++i) expected.push_back(rt->generate(story(i, "key-a")).get().tokens);
   }
   auto rt = runtime::start(config("", 16, true, 256));  // 256 tokens: two of these requests at once
+  // Free requests first; once one streams, premium ones arrive and take their blocks back (a
+  // start waits while the pool cannot carry its own tier's running answers: preemption comes
+  // from a higher tier's start).
+  std::vector<std::promise<outcome>> ended(8);
   std::vector<std::future<outcome>> results;
-  for (int i = 0; i < 8; ++i) results.push_back(rt->generate(story(i, i < 4 ? "key-a" : "key-b")));
+  for (auto& e : ended) results.push_back(e.get_future());
+  std::promise<void> streaming;
+  std::atomic<bool> streams{false};
+  for (int i = 4; i < 8; ++i) {
+    rt->submit(story(i, "key-b"), [&](const token_event&) { if (!streams.exchange(true)) streaming.set_value(); },
+               [&, i](const outcome& o) { ended[static_cast<size_t>(i)].set_value(o); });
+  }
+  streaming.get_future().wait();
+  for (int i = 0; i < 4; ++i) {
+    rt->submit(story(i, "key-a"), nullptr, [&, i](const outcome& o) { ended[static_cast<size_t>(i)].set_value(o); });
+  }
   int preemptions = 0;
   for (int i = 0; i < 8; ++i) {
     const outcome o = results[i].get();
