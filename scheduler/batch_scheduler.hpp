@@ -273,10 +273,12 @@ class batch_scheduler {
   bool stake_may_go_first(const draft& d, const step_time_budget& time, double decode_seconds, int64_t now) const;
   std::vector<size_t> places_in_step(const std::vector<const sequence*>& order, const step_time_budget& time,
                                      int64_t now) const;
-  // Blocks the sequence is expected to hold by its end: its tokens, and kv_growth_ratio() of
-  // the answer it may still write (at most kv_growth_clip tokens of it).
+  // The share of its remaining answer a running request is expected to write (see
+  // kv_growth_quantile): a quantile of the last answers, so once per step (kv_room::ratio).
   double kv_growth_ratio() const;
-  int32_t blocks_by_end(const sequence& s) const;
+  // Blocks the sequence is expected to hold by its end: its tokens, and `ratio` of the answer
+  // it may still write (at most kv_growth_clip tokens of it).
+  int32_t blocks_by_end(const sequence& s, double ratio) const;
   int32_t blocks_held(const sequence& s) const;
   // Whether a sequence that holds no blocks may start this step, after the starts before it
   // (need_before blocks): the pool's free blocks, with those the running requests of lower
@@ -285,6 +287,7 @@ class batch_scheduler {
   // a start never preempts a stream of its own tier or above later on).
   struct kv_room {
     std::map<int32_t, std::pair<int64_t, int64_t>> by_priority;  // growth, held blocks of the running
+    double ratio = 1;    // kv_growth_ratio(), this step
     int64_t free = 0;    // the pool's free blocks
     bool known = false;  // the pool answered once: free is known
     bool idle = true;    // no request holds blocks

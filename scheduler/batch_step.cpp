@@ -293,7 +293,7 @@ std::vector<size_t> batch_scheduler::places_in_step(const std::vector<const sequ
     if (!steps(s)) continue;
     if (!s.running) {
       if (!may_start(room, s, starting)) continue;
-      starting += blocks_by_end(s);
+      starting += blocks_by_end(s, room.ratio);
     }
     if (must_run(s)) {
       --kept;
@@ -310,10 +310,10 @@ int32_t batch_scheduler::blocks_held(const sequence& s) const {
   return (s.held_positions + bs - 1) / bs;
 }
 
-int32_t batch_scheduler::blocks_by_end(const sequence& s) const {
+int32_t batch_scheduler::blocks_by_end(const sequence& s, double ratio) const {
   const int32_t bs = std::max(limits_.block_size, 1);
   const int32_t answer_left = std::clamp(s.spec.max_tokens - s.generated, 0, kv_growth_clip);
-  const double positions = static_cast<double>(s.tokens.size()) + kv_growth_ratio() * answer_left;
+  const double positions = static_cast<double>(s.tokens.size()) + ratio * answer_left;
   return static_cast<int32_t>(std::ceil(std::min(positions, static_cast<double>(limits_.max_context)) / bs));
 }
 
@@ -324,13 +324,14 @@ double batch_scheduler::kv_growth_ratio() const {
 batch_scheduler::kv_room batch_scheduler::room_in_kv() const {
   kv_room room;
   room.known = free_blocks_ >= 0;
+  room.ratio = kv_growth_ratio();
   room.free = free_blocks_ + freed_blocks_;
   for (const auto& [id, s] : seqs_) {
     if (!s.running) continue;
     room.idle = false;
     auto& [growth, held] = room.by_priority[s.spec.priority];
     const int32_t h = blocks_held(s);
-    growth += std::max(0, blocks_by_end(s) - h);
+    growth += std::max(0, blocks_by_end(s, room.ratio) - h);
     held += h;
   }
   return room;
@@ -345,7 +346,7 @@ bool batch_scheduler::may_start(const kv_room& room, const sequence& s, int64_t 
   for (const auto& [priority, blocks] : room.by_priority) {
     left += priority < s.spec.priority ? blocks.second : -blocks.first;
   }
-  return blocks_by_end(s) <= left;
+  return blocks_by_end(s, room.ratio) <= left;
 }
 
 // Only tokens limit the step: one token for every decode first, then prefill chunks tier by
